@@ -1,0 +1,67 @@
+"""The one place that reads the environment.
+
+Every other module takes a `Settings` instance (usually from `get_settings()`), so the domain
+logic can be tested with any values without touching `os.environ`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", frozen=True)
+
+    # Limits from the spec (the user-facing defaults).
+    batch_max_requests: int = Field(50_000, alias="BATCH_MAX_REQUESTS", ge=1)
+    batch_max_body_bytes: int = Field(32 * 1024 * 1024, alias="BATCH_MAX_BODY_BYTES", ge=1)
+    batch_max_unfinished: int = Field(10, alias="BATCH_MAX_UNFINISHED", ge=1)
+    batch_completion_window_seconds: int = Field(24 * 3600, alias="BATCH_COMPLETION_WINDOW_SECONDS", ge=1)
+    batch_retention_seconds: int = Field(7 * 24 * 3600, alias="BATCH_RETENTION_SECONDS", ge=1)
+
+    # Execution.
+    batch_max_attempts: int = Field(8, alias="BATCH_MAX_ATTEMPTS", ge=1)
+    batch_retry_base_seconds: float = Field(2.0, alias="BATCH_RETRY_BASE_SECONDS", ge=0)
+    batch_retry_max_seconds: float = Field(300.0, alias="BATCH_RETRY_MAX_SECONDS", ge=0)
+    batch_upstream_timeout_seconds: float = Field(120.0, alias="BATCH_UPSTREAM_TIMEOUT_SECONDS", gt=0)
+    # How long a running request's lease lasts before recovery may take it back.
+    batch_lease_seconds: float = Field(0, alias="BATCH_LEASE_SECONDS", ge=0)
+    # How often the local stack fires the schedules (on AWS the template's rates apply).
+    batch_schedule_seconds: float = Field(60.0, alias="BATCH_SCHEDULE_SECONDS", gt=0)
+    batch_api_enabled: bool = Field(True, alias="BATCH_API_ENABLED")
+
+    # Upstream OpenAI-compatible API.
+    upstream_base_url: str = Field("", alias="UPSTREAM_BASE_URL")
+    upstream_api_key: str = Field("", alias="UPSTREAM_API_KEY")
+
+    # Resources (the template passes these to every function; the local stack sets them too).
+    batch_table_name: str = Field("freeinference-batch", alias="BATCH_TABLE_NAME")
+    accounts_table_name: str = Field("freeinference-accounts", alias="ACCOUNTS_TABLE_NAME")
+    payload_bucket_name: str = Field("freeinference-batch-payloads", alias="PAYLOAD_BUCKET_NAME")
+    # JSON object: model id -> SQS queue URL.
+    model_queue_urls: dict[str, str] = Field(default_factory=dict, alias="MODEL_QUEUE_URLS")
+    # Optional path to a JSON model catalog replacing the packaged one.
+    model_catalog_path: str = Field("", alias="MODEL_CATALOG_PATH")
+    # Optional file holding a clock offset in seconds (local stack and tests only).
+    clock_offset_file: str = Field("", alias="BATCH_CLOCK_OFFSET_FILE")
+
+    @field_validator("model_queue_urls", mode="before")
+    @classmethod
+    def _parse_queue_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @property
+    def lease_seconds(self) -> float:
+        """A running request's lease: long enough for the slowest upstream call plus bookkeeping."""
+        return self.batch_lease_seconds or self.batch_upstream_timeout_seconds + 60
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()  # type: ignore[call-arg]
