@@ -1,0 +1,69 @@
+"""The model catalog: which models exist, who may use them, what they cost, how many batch
+requests each runs at once."""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+
+from pydantic import BaseModel, Field
+
+# Prices are per million tokens; cost is kept in integer nano-USD (1e-9 USD) so sums are exact.
+# (Micro-USD would round a 16-token prompt at $0.10/M, 1.6 micro-USD, to a whole number.)
+NANO_PER_USD = 1_000_000_000
+
+
+class ModelInfo(BaseModel):
+    input_usd_per_million_tokens: float = Field(ge=0)
+    output_usd_per_million_tokens: float = Field(ge=0)
+    tiers: list[str]
+    batch_concurrency: int = Field(4, ge=1)
+    # Interactive requests in flight at which the model gives no room to batches at all.
+    interactive_capacity: int = Field(64, ge=1)
+
+    def cost_nano(self, prompt_tokens: int, completion_tokens: int) -> int:
+        # USD per million tokens == micro-USD per token == 1000 nano-USD per token.
+        return round(
+            prompt_tokens * self.input_usd_per_million_tokens * 1000
+            + completion_tokens * self.output_usd_per_million_tokens * 1000
+        )
+
+    def batch_capacity(self, interactive_inflight: int) -> int:
+        """How many batch requests may run now: the full setting when the model is idle, shrinking
+        linearly with interactive load, none once interactive traffic fills the model."""
+        load = max(0, interactive_inflight)
+        if load >= self.interactive_capacity:
+            return 0
+        free_share = (self.interactive_capacity - load) / self.interactive_capacity
+        return max(1, math.floor(self.batch_concurrency * free_share))
+
+
+class Catalog(BaseModel):
+    batch_tiers: list[str] = ["internal"]
+    models: dict[str, ModelInfo]
+
+    def model_for_tier(self, model: str, tier: str) -> ModelInfo | None:
+        """The model if it exists and `tier` may use it; None otherwise (callers report both as
+        'not found', so a key cannot probe for models it may not use)."""
+        info = self.models.get(model)
+        if info is None or tier not in info.tiers:
+            return None
+        return info
+
+    def tier_may_batch(self, tier: str) -> bool:
+        return tier in self.batch_tiers
+
+
+def is_auto_model(model: str) -> bool:
+    return model == "auto" or model.startswith("auto-")
+
+
+@lru_cache(maxsize=4)
+def load_catalog(path: str = "") -> Catalog:
+    if path:
+        with open(path) as handle:
+            return Catalog.model_validate(json.load(handle))
+    text = resources.files(__package__).joinpath("models.json").read_text()
+    return Catalog.model_validate_json(text)

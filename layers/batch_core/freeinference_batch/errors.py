@@ -1,0 +1,67 @@
+"""Errors a caller of the API sees: each carries its HTTP status, an error type and a message.
+
+The API handler turns any `ApiError` into `{"error": {"message", "type", "code", "param"}}`,
+the shape OpenAI-compatible clients already parse.
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    status: int = 400
+    error_type: str = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.error_type, "code": self.code, "param": self.param}}
+
+
+class BadRequest(ApiError):
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(ApiError):
+    status = 403
+    error_type = "permission_error"
+    code = "forbidden"
+
+
+class NotFound(ApiError):
+    status = 404
+    error_type = "not_found_error"
+    code = "not_found"
+
+
+class Conflict(ApiError):
+    status = 409
+    error_type = "conflict_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    code = "payload_too_large"
+
+
+class TooManyRequests(ApiError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limited"
+
+
+class QuotaExceeded(TooManyRequests):
+    code = "quota_exceeded"
