@@ -1,0 +1,342 @@
+"""template.yaml: it lints, it builds, and it keeps the invariants the rest of the system relies on.
+
+The local stack creates its resources from this template, so a mistake here (a queue without a
+dead-letter queue, a mapping allowed more concurrency than its function, a handler that does not
+exist) would show up locally too, not only on AWS.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from freeinference_batch.local.template import function_properties, load_template, resources_of_type
+from freeinference_batch.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "template.yaml"
+EVENTS = REPO / "events"
+SAM = REPO / ".tools" / "sam" / "bin" / "sam"
+# Same as the Makefile's: lets the pyenv shim resolve python3.13, which `sam build` needs.
+SAM_PYENV_VERSION = "3.11.7:3.13.0"
+
+API_ROUTES = {
+    ("POST", "/v1/batches"),
+    ("GET", "/v1/batches"),
+    ("GET", "/v1/batches/{batch_id}"),
+    ("GET", "/v1/batches/{batch_id}/results"),
+    ("POST", "/v1/batches/{batch_id}/cancel"),
+    ("DELETE", "/v1/batches/{batch_id}"),
+}
+# Environment variables the functions read that are not `Settings` fields.
+NON_SETTINGS_ENV = {
+    "WORKER_MODEL",
+    "POWERTOOLS_SERVICE_NAME",
+    "POWERTOOLS_METRICS_NAMESPACE",
+    "POWERTOOLS_LOG_LEVEL",
+}
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return load_template(TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Logical id -> properties with Globals applied, for every AWS::Serverless::Function."""
+    return {
+        logical_id: function_properties(template, logical_id)
+        for logical_id in resources_of_type(template, "AWS::Serverless::Function")
+    }
+
+
+def _events_of_type(properties: dict[str, Any], event_type: str) -> list[dict[str, Any]]:
+    return [e["Properties"] for e in properties.get("Events", {}).values() if e["Type"] == event_type]
+
+
+def _getatt_resource(value: Any) -> str:
+    assert isinstance(value, dict) and "Fn::GetAtt" in value, f"expected !GetAtt <Queue>.Arn, got {value!r}"
+    resource, attribute = value["Fn::GetAtt"]
+    assert attribute == "Arn"
+    return resource
+
+
+def _sample_event_names(properties: dict[str, Any]) -> list[str]:
+    """The sample events a function must have: `<code dir>-*.json`; a schedule handler
+    `<name>_handler` has `schedule-<name>.json`."""
+    code_dir = Path(properties["CodeUri"]).name
+    handler = properties["Handler"].partition(".")[2]
+    if code_dir == "schedules":
+        return [f"schedule-{handler.removesuffix('_handler')}.json"]
+    return sorted(p.name for p in EVENTS.glob(f"{code_dir}-*.json"))
+
+
+# ---------------------------------------------------------------- the loader
+
+
+def test_loader_expands_short_form_tags(tmp_path: Path) -> None:
+    # Given a template using every kind of short-form tag the project writes
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "AWSTemplateFormatVersion: 2010-09-09\n"
+        "Conditions:\n"
+        "  HasP: !Not [!Equals [!Ref P, '']]\n"
+        "  Both: !And [!Condition HasP, !Or [!Condition HasP, !Condition HasP]]\n"
+        "Resources:\n"
+        "  R:\n"
+        "    Properties:\n"
+        "      A: !GetAtt Db.Endpoint.Address\n"
+        "      B: !GetAtt [Q, Arn]\n"
+        "      C: !Sub '${Q}/x'\n"
+        "      D: !Sub ['${X}', {X: !Ref Q}]\n"
+        "      E: !If [HasP, !Join ['', [a, b]], !Ref AWS::NoValue]\n"
+        "      F: !Select [0, !GetAZs '']\n"
+    )
+    # When it is loaded
+    template = load_template(path)
+    # Then the tags become CloudFormation's long form and the version stays a string
+    assert template["AWSTemplateFormatVersion"] == "2010-09-09"
+    assert template["Conditions"]["HasP"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "P"}, ""]}]}
+    assert template["Conditions"]["Both"] == {
+        "Fn::And": [{"Condition": "HasP"}, {"Fn::Or": [{"Condition": "HasP"}, {"Condition": "HasP"}]}]
+    }
+    props = template["Resources"]["R"]["Properties"]
+    assert props["A"] == {"Fn::GetAtt": ["Db", "Endpoint.Address"]}
+    assert props["B"] == {"Fn::GetAtt": ["Q", "Arn"]}
+    assert props["C"] == {"Fn::Sub": "${Q}/x"}
+    assert props["D"] == {"Fn::Sub": ["${X}", {"X": {"Ref": "Q"}}]}
+    assert props["E"] == {"Fn::If": ["HasP", {"Fn::Join": ["", ["a", "b"]]}, {"Ref": "AWS::NoValue"}]}
+    assert props["F"] == {"Fn::Select": [0, {"Fn::GetAZs": ""}]}
+
+
+def test_function_properties_apply_globals_as_sam_does(functions: dict[str, dict[str, Any]]) -> None:
+    worker = functions["GlmFlashWorkerFunction"]
+    assert worker["Runtime"] == "python3.13"  # from Globals
+    assert worker["Timeout"] == 150  # the function's own value wins
+    variables = worker["Environment"]["Variables"]
+    assert variables["WORKER_MODEL"] == "glm-5.3-flash"  # maps merge...
+    assert variables["BATCH_TABLE_NAME"] == {"Ref": "BatchTable"}  # ...keeping the global keys
+
+
+# ---------------------------------------------------------------- lint and build
+
+
+def test_cfn_lint_reports_nothing() -> None:
+    cfn_lint = shutil.which("cfn-lint", path=str(Path(sys.executable).parent)) or shutil.which("cfn-lint")
+    assert cfn_lint, "cfn-lint is not installed (it is in the dev extras: make install)"
+    result = subprocess.run([cfn_lint, "--", str(TEMPLATE)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def _sam_env() -> dict[str, str]:
+    env = {**os.environ, "PYENV_VERSION": SAM_PYENV_VERSION, "SAM_CLI_TELEMETRY": "0"}
+    # Put a real python3.13 first on PATH too, in case the pyenv shims are not on it.
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    for bin_dir in sorted(pyenv_root.glob("versions/3.13*/bin"), reverse=True):
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        break
+    return env
+
+
+@pytest.mark.slow
+def test_sam_build_succeeds(tmp_path: Path, functions: dict[str, dict[str, Any]]) -> None:
+    if not SAM.exists():
+        message = f"{SAM.relative_to(REPO)} is missing: `make install` installs aws-sam-cli in its own venv"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    # sam writes build.toml next to the build dir, so give it a folder of its own.
+    build_dir = tmp_path / "build"
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(SAM), "build", "--template-file", str(TEMPLATE), "--build-dir", str(build_dir)],
+        cwd=REPO,
+        env=_sam_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(f"sam build took {time.monotonic() - started:.1f} s")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    for logical_id, properties in functions.items():
+        module = properties["Handler"].partition(".")[0]
+        assert (build_dir / logical_id / f"{module}.py").is_file(), f"{logical_id}: {module}.py not built"
+    package = build_dir / "BatchCoreLayer" / "python" / "freeinference_batch"
+    assert (package / "__init__.py").is_file()
+    assert (package / "settings.py").is_file()
+    assert (package / "models.json").is_file()
+    # Binary wheels must be the Lambda runtime's (CPython 3.13 on arm64), not this machine's.
+    layer = build_dir / "BatchCoreLayer" / "python"
+    assert list(layer.glob("pydantic_core/*cpython-313-aarch64-linux-gnu.so")), "no arm64 cp313 pydantic_core"
+
+
+# ---------------------------------------------------------------- structure
+
+
+def test_no_fn_foreach() -> None:
+    # The local stack and moto read the template as written; Fn::ForEach needs the
+    # AWS::LanguageExtensions transform, which neither expands.
+    assert "ForEach" not in TEMPLATE.read_text()
+
+
+def test_every_function_has_a_sample_event(functions: dict[str, dict[str, Any]]) -> None:
+    for logical_id, properties in functions.items():
+        names = _sample_event_names(properties)
+        assert names, f"{logical_id}: no events/{Path(properties['CodeUri']).name}-*.json"
+        for name in names:
+            assert (EVENTS / name).is_file(), f"{logical_id}: events/{name} is missing"
+
+
+def test_sample_events_are_valid_json() -> None:
+    samples = sorted(EVENTS.glob("*.json"))
+    assert samples
+    for path in samples:
+        json.loads(path.read_text())
+
+
+def test_api_sample_events_cover_every_route() -> None:
+    covered = set()
+    for path in EVENTS.glob("api-*.json"):
+        event = json.loads(path.read_text())
+        assert event["version"] == "2.0", path.name
+        method, _, route = event["routeKey"].partition(" ")
+        assert event["requestContext"]["http"]["method"] == method, path.name
+        assert event["requestContext"]["routeKey"] == event["routeKey"], path.name
+        assert event["rawPath"] == event["requestContext"]["http"]["path"], path.name
+        for name, value in (event.get("pathParameters") or {}).items():
+            route = route.replace("{" + name + "}", value)
+        assert route == event["rawPath"], f"{path.name}: pathParameters do not rebuild rawPath"
+        covered.add(event["routeKey"])
+    assert covered == {f"{method} {route}" for method, route in API_ROUTES}
+
+
+def test_worker_sample_event_is_an_sqs_batch() -> None:
+    event = json.loads((EVENTS / "worker-sqs.json").read_text())
+    (record,) = event["Records"]
+    assert record["eventSource"] == "aws:sqs"
+    assert set(json.loads(record["body"])) == {"batch_id", "model", "index", "position"}
+
+
+def test_every_handler_file_exists(functions: dict[str, dict[str, Any]]) -> None:
+    for logical_id, properties in functions.items():
+        module, _, handler = properties["Handler"].partition(".")
+        source = REPO / properties["CodeUri"] / f"{module}.py"
+        assert source.is_file(), f"{logical_id}: {source.relative_to(REPO)} does not exist"
+        tree = ast.parse(source.read_text())
+        defined = {
+            node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        } | {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        assert handler in defined, f"{logical_id}: {source.relative_to(REPO)} defines no {handler}"
+
+
+def test_api_has_the_six_routes(functions: dict[str, dict[str, Any]]) -> None:
+    routes = {
+        (event["Method"].upper(), event["Path"])
+        for properties in functions.values()
+        for event in _events_of_type(properties, "HttpApi")
+        if event.get("ApiId") == {"Ref": "BatchApi"}
+    }
+    assert routes == API_ROUTES
+
+
+def test_every_queue_has_a_dead_letter_queue(template: dict[str, Any]) -> None:
+    queues = resources_of_type(template, "AWS::SQS::Queue")
+    dead_letter = {
+        _getatt_resource(q["Properties"]["RedrivePolicy"]["deadLetterTargetArn"])
+        for q in queues.values()
+        if "RedrivePolicy" in q.get("Properties", {})
+    }
+    work_queues = set(queues) - dead_letter
+    assert work_queues, "no work queues"
+    max_attempts = template["Parameters"]["MaxAttempts"]["MaxValue"]
+    for logical_id in work_queues:
+        policy = queues[logical_id]["Properties"].get("RedrivePolicy")
+        assert policy, f"{logical_id} has no RedrivePolicy"
+        assert _getatt_resource(policy["deadLetterTargetArn"]) in queues
+        # Each park is a receive; our own attempt counter decides retries, not SQS's.
+        assert policy["maxReceiveCount"] >= max(100, 10 * max_attempts), logical_id
+
+
+def test_sqs_mappings_respect_concurrency_and_visibility(
+    template: dict[str, Any], functions: dict[str, dict[str, Any]]
+) -> None:
+    queues = resources_of_type(template, "AWS::SQS::Queue")
+    mapped = 0
+    for logical_id, properties in functions.items():
+        for event in _events_of_type(properties, "SQS"):
+            mapped += 1
+            reserved = properties.get("ReservedConcurrentExecutions")
+            assert reserved, f"{logical_id}: an SQS worker needs reserved concurrency"
+            assert event["ScalingConfig"]["MaximumConcurrency"] <= reserved, logical_id
+            assert event["FunctionResponseTypes"] == ["ReportBatchItemFailures"], logical_id
+            queue = queues[_getatt_resource(event["Queue"])]["Properties"]
+            # AWS's guidance: visibility >= 6 x function timeout + batching window.
+            window = event.get("MaximumBatchingWindowInSeconds", 0)
+            assert queue["VisibilityTimeout"] >= 6 * properties["Timeout"] + window, logical_id
+    assert mapped
+
+
+def test_each_model_has_its_own_queue_and_worker(
+    template: dict[str, Any], functions: dict[str, dict[str, Any]]
+) -> None:
+    catalog = json.loads(resources.files("freeinference_batch").joinpath("models.json").read_text())
+    queue_urls = template["Globals"]["Function"]["Environment"]["Variables"]["MODEL_QUEUE_URLS"]["Fn::Sub"]
+    # `Ref` of a queue is its URL, so the Sub's placeholders are queue logical ids.
+    model_queue = {model: ref.strip("${}") for model, ref in json.loads(queue_urls).items()}
+    assert set(model_queue) == set(catalog["models"])
+
+    worker_queue = {}
+    for properties in functions.values():
+        for event in _events_of_type(properties, "SQS"):
+            model = properties["Environment"]["Variables"]["WORKER_MODEL"]
+            worker_queue[model] = _getatt_resource(event["Queue"])
+            # The static cap must leave room for the model's full batch concurrency.
+            assert properties["ReservedConcurrentExecutions"] >= catalog["models"][model]["batch_concurrency"]
+    assert worker_queue == model_queue
+
+
+def test_global_environment_names_are_settings(template: dict[str, Any]) -> None:
+    # A typo here would silently fall back to a default in settings.py.
+    aliases = {field.alias for field in Settings.model_fields.values()}
+    names = set(template["Globals"]["Function"]["Environment"]["Variables"])
+    assert names - NON_SETTINGS_ENV <= aliases, names - NON_SETTINGS_ENV - aliases
+
+
+def test_batch_table_matches_the_architecture(template: dict[str, Any]) -> None:
+    table = template["Resources"]["BatchTable"]
+    assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
+    properties = table["Properties"]
+    assert properties["BillingMode"] == "PAY_PER_REQUEST"
+    assert properties["TimeToLiveSpecification"] == {"AttributeName": "ttl", "Enabled": True}
+    types = {a["AttributeName"]: a["AttributeType"] for a in properties["AttributeDefinitions"]}
+    indexes = {
+        index["IndexName"]: [(k["AttributeName"], types[k["AttributeName"]]) for k in index["KeySchema"]]
+        for index in properties["GlobalSecondaryIndexes"]
+        if index["Projection"] == {"ProjectionType": "ALL"}
+    }
+    assert [(k["AttributeName"], types[k["AttributeName"]]) for k in properties["KeySchema"]] == [
+        ("pk", "S"),
+        ("sk", "S"),
+    ]
+    assert indexes == {
+        "owner-index": [("owner", "S"), ("created_key", "S")],
+        "open-index": [("open_shard", "S"), ("expires_at", "N")],
+        "purge-index": [("purge_shard", "S"), ("purge_at", "N")],
+    }
