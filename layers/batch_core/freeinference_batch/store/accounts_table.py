@@ -1,0 +1,311 @@
+"""Data access for the accounts table: the only module that knows its item keys and shapes.
+
+Items (`pk` / `sk`, both strings):
+
+- API key `KEY#<sha256 hex>` / `KEY`: account_id, status (active | revoked), created_at,
+  expires_at (optional), revoked_at
+- account `ACCOUNT#<id>` / `ACCOUNT`: account_id, status (active | suspended | deleted), tier,
+  daily_quota_nano, concurrency_limit, unfinished (absent until the first batch), created_at,
+  updated_at
+- daily usage `ACCOUNT#<id>` / `USAGE#YYYY-MM-DD`: cost_nano, ttl
+- model load `MODEL#<model>` / `LOAD`: inflight, updated_at
+
+Everything speaks the low-level client's attribute-value format, so the `Update` elements built
+here drop straight into another module's TransactWriteItems.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from freeinference_batch import aws
+from freeinference_batch.settings import Settings
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+KEY_SK = "KEY"
+ACCOUNT_SK = "ACCOUNT"
+LOAD_SK = "LOAD"
+# The daily usage item outlives its day by this much (DynamoDB TTL removes it afterwards).
+USAGE_TTL_SECONDS = 3 * 24 * 3600
+
+_BATCH_GET_TRIES = 8
+
+
+# -- keys and (de)serialization --
+
+
+def key_item_key(key_hash: str) -> dict[str, dict]:
+    return _key(f"KEY#{key_hash}", KEY_SK)
+
+
+def account_item_key(account_id: str) -> dict[str, dict]:
+    return _key(f"ACCOUNT#{account_id}", ACCOUNT_SK)
+
+
+def usage_item_key(account_id: str, day: str) -> dict[str, dict]:
+    return _key(f"ACCOUNT#{account_id}", f"USAGE#{day}")
+
+
+def load_item_key(model: str) -> dict[str, dict]:
+    return _key(f"MODEL#{model}", LOAD_SK)
+
+
+def _key(pk: str, sk: str) -> dict[str, dict]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+
+def _attr(value: Any) -> dict:
+    if isinstance(value, float):
+        value = Decimal(repr(value))
+    return _serializer.serialize(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def _from_item(item: dict[str, dict] | None) -> dict[str, Any] | None:
+    if not item:
+        return None
+    return {name: _plain(_deserializer.deserialize(value)) for name, value in item.items()}
+
+
+def _is_conditional_failure(error: ClientError) -> bool:
+    return error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+
+
+def _get(settings: Settings, key: dict[str, dict]) -> dict[str, Any] | None:
+    # Strongly consistent: a revoked key or a suspended account must take effect at once.
+    answer = aws.dynamodb().get_item(TableName=settings.accounts_table_name, Key=key, ConsistentRead=True)
+    return _from_item(answer.get("Item"))
+
+
+def _batch_get(settings: Settings, keys: list[dict[str, dict]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """One BatchGetItem (more only if DynamoDB leaves keys unprocessed), items by (pk, sk)."""
+    table = settings.accounts_table_name
+    pending: dict[str, Any] = {table: {"Keys": keys, "ConsistentRead": True}}
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for attempt in range(_BATCH_GET_TRIES):
+        answer = aws.dynamodb().batch_get_item(RequestItems=pending)
+        for raw in answer.get("Responses", {}).get(table, []):
+            item = _from_item(raw) or {}
+            found[(item["pk"], item["sk"])] = item
+        pending = answer.get("UnprocessedKeys") or {}
+        if not pending:
+            return found
+        time.sleep(min(1.0, 0.02 * 2**attempt))
+    raise RuntimeError("DynamoDB left keys unprocessed after several tries")
+
+
+def _pk_sk(key: dict[str, dict]) -> tuple[str, str]:
+    return key["pk"]["S"], key["sk"]["S"]
+
+
+def _update_element(
+    settings: Settings,
+    key: dict[str, dict],
+    expression: str,
+    values: dict[str, Any],
+    *,
+    condition: str | None = None,
+    names: dict[str, str] | None = None,
+) -> dict:
+    update: dict[str, Any] = {
+        "TableName": settings.accounts_table_name,
+        "Key": key,
+        "UpdateExpression": expression,
+        "ExpressionAttributeValues": {name: _attr(value) for name, value in values.items()},
+    }
+    if condition:
+        update["ConditionExpression"] = condition
+    if names:
+        update["ExpressionAttributeNames"] = names
+    return update
+
+
+# -- API keys --
+
+
+def get_key(settings: Settings, key_hash: str) -> dict[str, Any] | None:
+    return _get(settings, key_item_key(key_hash))
+
+
+def put_key_element(
+    settings: Settings, key_hash: str, account_id: str, *, created_at: int, expires_at: int | None
+) -> dict:
+    """A transact `Put` of a new key item (fails if that hash is already stored)."""
+    item = {
+        **key_item_key(key_hash),
+        "account_id": _attr(account_id),
+        "status": _attr("active"),
+        "created_at": _attr(created_at),
+    }
+    if expires_at is not None:
+        item["expires_at"] = _attr(int(expires_at))
+    return {
+        "Put": {
+            "TableName": settings.accounts_table_name,
+            "Item": item,
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+    }
+
+
+def revoke_key(settings: Settings, key_hash: str, *, at: int) -> bool:
+    """Mark the key revoked; False if no such key is stored."""
+    try:
+        aws.dynamodb().update_item(
+            TableName=settings.accounts_table_name,
+            Key=key_item_key(key_hash),
+            UpdateExpression="SET #status = :revoked, revoked_at = if_not_exists(revoked_at, :at)",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":revoked": _attr("revoked"), ":at": _attr(at)},
+        )
+    except ClientError as error:
+        if _is_conditional_failure(error):
+            return False
+        raise
+    return True
+
+
+# -- accounts --
+
+
+def get_account(settings: Settings, account_id: str) -> dict[str, Any] | None:
+    return _get(settings, account_item_key(account_id))
+
+
+def upsert_account_element(
+    settings: Settings, account_id: str, *, set_fields: dict[str, Any], defaults: dict[str, Any], at: int
+) -> dict:
+    """A transact `Update` creating the account if missing: `set_fields` are written, `defaults`
+    only fill attributes the account does not have yet."""
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {":at": at}
+    clauses = ["created_at = if_not_exists(created_at, :at)", "updated_at = :at"]
+    for index, (field, value) in enumerate(set_fields.items()):
+        names[f"#s{index}"] = field
+        values[f":s{index}"] = value
+        clauses.append(f"#s{index} = :s{index}")
+    for index, (field, value) in enumerate(defaults.items()):
+        if field in set_fields:
+            continue
+        names[f"#d{index}"] = field
+        values[f":d{index}"] = value
+        clauses.append(f"#d{index} = if_not_exists(#d{index}, :d{index})")
+    expression = "SET " + ", ".join(clauses)
+    return {
+        "Update": _update_element(settings, account_item_key(account_id), expression, values, names=names)
+    }
+
+
+def update_account(settings: Settings, account_id: str, fields: dict[str, Any], *, at: int) -> dict | None:
+    """Set `fields` on an existing account; the updated account, or None if it does not exist."""
+    names = {f"#f{i}": field for i, field in enumerate(fields)}
+    values = {f":f{i}": _attr(value) for i, value in enumerate(fields.values())}
+    values[":at"] = _attr(at)
+    clauses = [f"#f{i} = :f{i}" for i in range(len(fields))] + ["updated_at = :at"]
+    try:
+        answer = aws.dynamodb().update_item(
+            TableName=settings.accounts_table_name,
+            Key=account_item_key(account_id),
+            UpdateExpression="SET " + ", ".join(clauses),
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+            ReturnValues="ALL_NEW",
+        )
+    except ClientError as error:
+        if _is_conditional_failure(error):
+            return None
+        raise
+    return _from_item(answer.get("Attributes"))
+
+
+def transact(elements: list[dict]) -> None:
+    aws.dynamodb().transact_write_items(TransactItems=elements)
+
+
+# -- reads that serve authentication and the worker's owner re-check --
+
+
+def get_account_and_usage(settings: Settings, account_id: str, day: str) -> tuple[dict | None, int]:
+    """(account item or None, cost_nano used on `day`) in one BatchGetItem."""
+    account_key, usage_key = account_item_key(account_id), usage_item_key(account_id, day)
+    found = _batch_get(settings, [account_key, usage_key])
+    usage = found.get(_pk_sk(usage_key)) or {}
+    return found.get(_pk_sk(account_key)), int(usage.get("cost_nano", 0))
+
+
+def get_key_account_and_usage(
+    settings: Settings, key_hash: str, account_id: str, day: str
+) -> tuple[dict | None, dict | None, int]:
+    """(key item, account item, cost_nano used on `day`) in one BatchGetItem."""
+    keys = [key_item_key(key_hash), account_item_key(account_id), usage_item_key(account_id, day)]
+    found = _batch_get(settings, keys)
+    usage = found.get(_pk_sk(keys[2])) or {}
+    return found.get(_pk_sk(keys[0])), found.get(_pk_sk(keys[1])), int(usage.get("cost_nano", 0))
+
+
+# -- transact elements other modules fold into their own transactions --
+
+
+def add_usage_element(settings: Settings, account_id: str, day: str, cost_nano: int, ttl: int) -> dict:
+    return {
+        "Update": _update_element(
+            settings,
+            usage_item_key(account_id, day),
+            "ADD cost_nano :cost SET #ttl = :ttl",
+            {":cost": int(cost_nano), ":ttl": int(ttl)},
+            names={"#ttl": "ttl"},
+        )
+    }
+
+
+def unfinished_increment_element(settings: Settings, account_id: str, max_unfinished: int) -> dict:
+    return {
+        "Update": _update_element(
+            settings,
+            account_item_key(account_id),
+            "ADD unfinished :one",
+            {":one": 1, ":max": int(max_unfinished)},
+            condition="attribute_exists(pk) AND (attribute_not_exists(unfinished) OR unfinished < :max)",
+        )
+    }
+
+
+def unfinished_decrement_element(settings: Settings, account_id: str) -> dict:
+    return {
+        "Update": _update_element(
+            settings,
+            account_item_key(account_id),
+            "ADD unfinished :minus_one",
+            {":minus_one": -1, ":zero": 0},
+            condition="unfinished > :zero",
+        )
+    }
+
+
+# -- model load --
+
+
+def put_model_load(settings: Settings, model: str, inflight: int, *, at: int) -> None:
+    aws.dynamodb().put_item(
+        TableName=settings.accounts_table_name,
+        Item={**load_item_key(model), "inflight": _attr(int(inflight)), "updated_at": _attr(at)},
+    )
+
+
+def get_model_load(settings: Settings, model: str) -> dict[str, Any] | None:
+    answer = aws.dynamodb().get_item(TableName=settings.accounts_table_name, Key=load_item_key(model))
+    return _from_item(answer.get("Item"))
