@@ -7,7 +7,7 @@ its moto server; nothing here needs to know whether it runs locally.
 from __future__ import annotations
 
 import threading
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import boto3
@@ -17,7 +17,7 @@ _lock = threading.Lock()
 _CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _client(service: str) -> Any:
     with _lock:  # boto3's default session is not thread-safe while it creates clients
         return boto3.session.Session().client(service, config=_CONFIG)

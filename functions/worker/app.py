@@ -1,0 +1,43 @@
+"""Worker function: an SQS batch of request messages -> partial batch response.
+
+A record "fails" (stays on the queue) when it was parked: waiting for a slot, for its retry
+backoff, or for the owner's quota to renew. Its visibility was already set to when it should
+come back, so SQS, not this function, does the waiting.
+"""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from aws_lambda_powertools.utilities.batch import (
+    AsyncBatchProcessor,
+    EventType,
+    async_process_partial_response,
+)
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from freeinference_batch.observability import logger, metrics, tracer
+from freeinference_batch.settings import get_settings
+from freeinference_batch.worker import Done, Worker
+
+processor = AsyncBatchProcessor(event_type=EventType.SQS)
+# Up to a full SQS batch (10) of upstream calls at once: they mostly wait on the network.
+executor = ThreadPoolExecutor(max_workers=10)
+
+
+class MessageParked(Exception):
+    """Not an error: the message waits on the queue (its visibility is already set)."""
+
+
+async def handle_record(record: SQSRecord) -> None:
+    worker = Worker(get_settings())
+    outcome = await asyncio.get_running_loop().run_in_executor(executor, worker.handle_record, record.raw_event)
+    if not isinstance(outcome, Done):
+        raise MessageParked(record.message_id)
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context(log_event=False)
+@tracer.capture_lambda_handler(capture_response=False)
+def lambda_handler(event: dict, context: LambdaContext) -> dict:
+    return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
+                                          context=context)

@@ -1,0 +1,112 @@
+"""The HTTP API: routes of the six endpoints on a Powertools resolver.
+
+Each route authenticates, calls one domain function and shapes the answer; `ApiError`s become
+OpenAI-style error bodies with their status.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from http import HTTPStatus
+from typing import Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+
+from freeinference_batch import accounts, batches, results
+from freeinference_batch.errors import ApiError, NotFound
+from freeinference_batch.observability import logger
+from freeinference_batch.settings import get_settings
+
+app = APIGatewayHttpResolver(strip_prefixes=[])
+
+
+def _json(status: int, body: Any) -> Response:
+    return Response(status_code=status, content_type="application/json",
+                    body=json.dumps(body, separators=(",", ":")))
+
+
+def _principal() -> accounts.Principal:
+    settings = get_settings()
+    if not settings.batch_api_enabled:
+        raise NotFound("Batch inference is unavailable at the moment", code="batch_unavailable")
+    return accounts.authenticate(settings, app.current_event.headers or {})
+
+
+def _query(name: str) -> str | None:
+    return (app.current_event.query_string_parameters or {}).get(name)
+
+
+def _raw_body() -> bytes:
+    event = app.current_event
+    body = event.body or ""
+    return base64.b64decode(body) if event.is_base64_encoded else body.encode()
+
+
+@app.post("/v1/batches")
+def create_batch() -> Response:
+    principal = _principal()
+    headers = app.current_event.headers or {}
+    batch = batches.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"))
+    logger.info("batch created", extra={"batch_id": batch["id"], "account_id": principal.account_id,
+                                        "requests": batch["request_counts"]["total"]})
+    return _json(200, batch)
+
+
+@app.get("/v1/batches")
+def list_batches() -> Response:
+    principal = _principal()
+    limit = batches.parse_limit(_query("limit"), default=20, maximum=100)
+    return _json(200, batches.list_batches(get_settings(), principal, limit, _query("after")))
+
+
+@app.get("/v1/batches/<batch_id>")
+def get_batch(batch_id: str) -> Response:
+    return _json(200, batches.get_batch(get_settings(), _principal(), batch_id))
+
+
+@app.get("/v1/batches/<batch_id>/results")
+def get_results(batch_id: str) -> Response:
+    principal = _principal()
+    limit = batches.parse_limit(_query("limit"), default=100, maximum=1000)
+    return _json(200, results.list_results(get_settings(), principal, batch_id, limit, _query("after")))
+
+
+@app.post("/v1/batches/<batch_id>/cancel")
+def cancel_batch(batch_id: str) -> Response:
+    principal = _principal()
+    batch = batches.cancel_batch(get_settings(), principal, batch_id)
+    logger.info("batch cancel", extra={"batch_id": batch_id, "status": batch["status"]})
+    return _json(200, batch)
+
+
+@app.delete("/v1/batches/<batch_id>")
+def delete_batch(batch_id: str) -> Response:
+    principal = _principal()
+    answer = batches.delete_batch(get_settings(), principal, batch_id)
+    logger.info("batch deleted", extra={"batch_id": batch_id})
+    return _json(200, answer)
+
+
+@app.exception_handler(ApiError)
+def handle_api_error(error: ApiError) -> Response:
+    if error.status >= 500:
+        logger.error("api error", extra={"status": error.status, "code": error.code})
+    return _json(error.status, error.body())
+
+
+@app.not_found
+def handle_not_found(_: NotFoundError) -> Response:
+    event = app.current_event
+    return _json(HTTPStatus.NOT_FOUND, NotFound(
+        f"No route for {event.request_context.http.method} {event.path}; see /v1/batches",
+        code="route_not_found").body())
+
+
+@app.exception_handler(Exception)
+def handle_unexpected(error: Exception) -> Response:
+    # Never leak internals: log the traceback, answer a bare 500.
+    logger.exception("unexpected error")
+    return _json(500, {"error": {"message": "Internal error; the request changed nothing. Try again later",
+                                 "type": "server_error", "code": "internal_error", "param": None}})

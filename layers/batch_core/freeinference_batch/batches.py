@@ -1,0 +1,284 @@
+"""Create, read, list, cancel and delete batches: what the API's endpoints do."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+import zlib
+from typing import Any
+
+from freeinference_batch import accounts, clock, dispatch, lifecycle, validation, views
+from freeinference_batch.accounts import Principal
+from freeinference_batch.catalog import load_catalog
+from freeinference_batch.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    TooManyRequests,
+)
+from freeinference_batch.schemas import CREATING, DELETED, DeletedBatch, Page, RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable
+from freeinference_batch.store.dynamo import TransactionFailed, transact
+
+BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
+# Input chunks: about this much JSON each before compression, and never an item over the limit.
+CHUNK_TARGET_BYTES = 256 * 1024
+CHUNK_ITEM_LIMIT = 350 * 1024
+
+
+# ---- create -----------------------------------------------------------------------------
+
+
+def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """The raw create body, decompressed if sent gzipped; the size limit applies decompressed."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | (16 if encoding != "deflate" else 0))
+        try:
+            out = inflater.decompress(body, limit + 1)  # never inflate past the limit (zip bombs)
+        except zlib.error:
+            raise BadRequest(f"The body is not valid {encoding} data") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise _too_large(limit)
+        return out
+    if encoding != "identity":
+        raise BadRequest(f"Content-Encoding {content_encoding!r} is not supported; send gzip or no encoding")
+    if len(body) > limit:
+        raise _too_large(limit, len(body))
+    return body
+
+
+def _too_large(limit: int, size: int | None = None) -> PayloadTooLarge:
+    got = f"is {size} bytes" if size is not None else "is larger than that"
+    mib = limit / (1024 * 1024)
+    return PayloadTooLarge(f"The request body {got}; the limit is {limit} bytes ({mib:g} MiB). "
+                           "Split the job into several batches")
+
+
+def parse_create_body(settings: Settings, principal: Principal, raw: bytes) -> tuple[list[list[Any]], dict | None]:
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise BadRequest(f"The body is not valid JSON: {str(error)[:200]}") from None
+    envelope = validation.parse_envelope(document)
+    validation.validate_metadata(envelope.metadata)
+    catalog = load_catalog(settings.model_catalog_path)
+    requests = validation.validate_requests(envelope.requests, catalog, principal.tier, settings.batch_max_requests)
+    return requests, envelope.metadata
+
+
+def pack_chunks(requests: list[list[Any]], raw_size: int) -> list[tuple[int, bytes, bool]]:
+    """Split the requests into compressed runs: (first position, data, too big for an item)."""
+    per_chunk = max(1, int(CHUNK_TARGET_BYTES * len(requests) / max(1, raw_size)))
+    out: list[tuple[int, bytes, bool]] = []
+
+    def pack(start: int, run: list[list[Any]]) -> None:
+        data = zlib.compress(json.dumps(run, separators=(",", ":")).encode(), 3)
+        if len(data) <= CHUNK_ITEM_LIMIT:
+            out.append((start, data, False))
+        elif len(run) == 1:
+            out.append((start, data, True))  # one huge request: claim check in S3
+        else:
+            half = len(run) // 2
+            pack(start, run[:half])
+            pack(start + half, run[half:])
+
+    for start in range(0, len(requests), per_chunk):
+        pack(start, requests[start : start + per_chunk])
+    return out
+
+
+def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None) -> dict:
+    catalog = load_catalog(settings.model_catalog_path)
+    if not catalog.tier_may_batch(principal.tier):
+        raise Forbidden("Batch inference is available to internal accounts only; "
+                        f"this key's account tier is {principal.tier!r}")
+    raw = decode_body(body, content_encoding, settings.batch_max_body_bytes)
+    requests, metadata = parse_create_body(settings, principal, raw)
+
+    table = BatchTable(settings)
+    now = clock.now(settings.clock_offset_file)
+    created_at = int(now)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    window = settings.batch_completion_window_seconds
+    ttl = created_at + window + settings.batch_retention_seconds + 3 * 86400
+    id_base = table.reserve_result_ids(len(requests))
+
+    # 1. Everything but META: invisible without it (a crash here leaves items TTL removes).
+    items = []
+    chunk_starts = []
+    for number, (start, data, oversized) in enumerate(pack_chunks(requests, len(raw))):
+        chunk_starts.append(start)
+        if oversized:
+            items.append(table.chunk_item_in_s3(batch_id, number, data, ttl))
+        else:
+            items.append(table.chunk_item(batch_id, number, data, ttl))
+    lanes: dict[str, list[int]] = {}
+    for position, (_, model, _) in enumerate(requests):
+        lanes.setdefault(model, []).append(position)
+    lease_until = now + dispatch.DISPATCH_LEASE_SECONDS
+    first_messages = []
+    lane_widths = {}
+    for model, positions in lanes.items():
+        width = lane_widths[model] = catalog.models[model].batch_concurrency
+        items.extend(table.lane_items(batch_id, model, positions, width, lease_until, ttl))
+        first_messages.extend(
+            RequestMessage(batch_id=batch_id, model=model, index=i, position=positions[i],
+                           account_id=principal.account_id, key_hash=principal.key_hash)
+            for i in range(min(width, len(positions)))
+        )
+    table.put_items(items)
+
+    # 2. META and the unfinished count together: the batch becomes visible whole, and two
+    #    concurrent creates cannot both pass the limit.
+    meta = {
+        "pk": f"BATCH#{batch_id}", "sk": "META", "id": batch_id,
+        "owner": principal.account_id, "account_id": principal.account_id, "key_hash": principal.key_hash,
+        "created_key": f"{int(now * 1_000_000):017d}#{batch_id}",
+        "status": "validating", "created_at": created_at, "expires_at": created_at + window,
+        "window_seconds": window, "total": len(requests), "completed": 0, "failed": 0, "running": 0,
+        "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
+        "lane_widths": lane_widths, "open_shard": OPEN_SHARD, "ttl": ttl,
+    }
+    try:
+        transact([
+            table.put_meta_element(meta),
+            accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
+        ])
+    except TransactionFailed:
+        table.purge(batch_id)
+        raise TooManyRequests(
+            f"You already have {settings.batch_max_unfinished} unfinished batches, the most allowed; "
+            "wait for one to finish (or cancel one) before creating another",
+            code="too_many_unfinished_batches",
+        ) from None
+
+    # 3. Start the chains. If this is lost, the sweep re-sends when the dispatch leases run out.
+    dispatch.send(settings, first_messages)
+    return views.batch_object(meta)
+
+
+# ---- read -------------------------------------------------------------------------------
+
+
+def visible_meta(settings: Settings, meta: dict | None, account_id: str, now: float) -> bool:
+    if meta is None or meta.get("account_id") != account_id:
+        return False
+    if meta["status"] in (CREATING, DELETED):
+        return False
+    # Past retention the batch is gone, whether or not the purge has reached it yet.
+    return not (lifecycle.is_final(meta["status"]) and now >= meta.get("purge_at", float("inf")))
+
+
+def owned_meta(settings: Settings, principal: Principal, batch_id: str) -> dict:
+    if BATCH_ID.match(batch_id or ""):
+        meta = BatchTable(settings).get_meta(batch_id)
+        if visible_meta(settings, meta, principal.account_id, clock.now(settings.clock_offset_file)):
+            return meta  # type: ignore[return-value]
+    raise NotFound(f"Batch {batch_id[:100]!r} not found", code="batch_not_found")
+
+
+def get_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
+    return views.batch_object(owned_meta(settings, principal, batch_id))
+
+
+def parse_limit(value: str | None, default: int, maximum: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        limit = int(value)
+    except ValueError:
+        raise BadRequest(f"limit must be an integer from 1 to {maximum} (got {value[:40]!r})",
+                         param="limit") from None
+    if not 1 <= limit <= maximum:
+        raise BadRequest(f"limit must be from 1 to {maximum} (got {limit})", param="limit")
+    return limit
+
+
+def list_batches(settings: Settings, principal: Principal, limit: int, after: str | None) -> dict:
+    table = BatchTable(settings)
+    now = clock.now(settings.clock_offset_file)
+    start_key = None
+    if after:
+        meta = table.get_meta(after) if BATCH_ID.match(after) else None
+        if meta is None or meta.get("account_id") != principal.account_id or "created_key" not in meta:
+            raise BadRequest(f"after must be the id of one of your batches, as in last_id (got {after[:100]!r})",
+                             param="after")
+        start_key = table.owner_index_key(meta)
+    found: list[dict] = []
+    while len(found) <= limit:
+        page, start_key = table.list_owner(principal.account_id, limit + 1 - len(found), start_key)
+        found.extend(m for m in page if visible_meta(settings, m, principal.account_id, now))
+        if not start_key:
+            break
+    has_more = len(found) > limit
+    data = [views.batch_object(m) for m in found[:limit]]
+    return Page(data=data, has_more=has_more, first_id=data[0]["id"] if data else None,
+                last_id=data[-1]["id"] if data else None).model_dump(mode="json")
+
+
+# ---- cancel and delete ------------------------------------------------------------------
+
+
+def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
+    table = BatchTable(settings)
+    for _ in range(10):
+        meta = owned_meta(settings, principal, batch_id)
+        if meta["status"] not in lifecycle.RUNNABLE:
+            return views.batch_object(meta)  # finished or already cancelling: unchanged
+        now = int(clock.now(settings.clock_offset_file))
+        if meta.get("running", 0) == 0:
+            clause, named = lifecycle.finished_fields(settings, now)
+            element = table.meta_update_element(
+                batch_id,
+                f"SET #status = :cancelled, cancelling_at = :now, cancelled_at = :now, {clause} REMOVE open_shard",
+                "#status = :old AND running = :zero",
+                names={"#status": "status", "#ttl": "ttl"}, cancelled="cancelled", old=meta["status"], zero=0,
+                **named,
+            )
+            try:
+                transact([element, accounts.unfinished_decrement_update(settings, meta["account_id"])])
+            except TransactionFailed:
+                continue  # a request started meanwhile: look again
+        else:
+            updated = table.update_meta(
+                batch_id, "SET #status = :cancelling, cancelling_at = :now", "#status = :old AND running > :zero",
+                names={"#status": "status"}, cancelling="cancelling", now=now, old=meta["status"], zero=0,
+            )
+            if updated is None:
+                continue
+        return views.batch_object(owned_meta(settings, principal, batch_id))
+    raise Conflict("The batch changed while it was being cancelled; try again")
+
+
+def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
+    table = BatchTable(settings)
+    meta = owned_meta(settings, principal, batch_id)
+    running = meta.get("running", 0)
+    if running:
+        raise Conflict(f"Batch {batch_id} has {running} request{'s' if running != 1 else ''} running; "
+                       "cancel it and wait for them to finish, then delete it", code="batch_running")
+    now = int(clock.now(settings.clock_offset_file))
+    element = table.meta_update_element(
+        batch_id,
+        "SET #status = :deleted, deleted_at = :now, purge_shard = :purge, purge_at = :now "
+        "REMOVE #owner, created_key, open_shard",
+        "#status = :old AND running = :zero",
+        names={"#status": "status", "#owner": "owner"},
+        deleted=DELETED, now=now, purge=PURGE_SHARD, old=meta["status"], zero=0,
+    )
+    elements = [element]
+    if not lifecycle.is_final(meta["status"]):
+        elements.append(accounts.unfinished_decrement_update(settings, meta["account_id"]))
+    try:
+        transact(elements)
+    except TransactionFailed:
+        raise Conflict(f"Batch {batch_id} changed while it was being deleted (a request may have started); "
+                       "cancel it, wait for it to finish, then delete it", code="batch_running") from None
+    return DeletedBatch(id=batch_id).model_dump(mode="json")
+
+

@@ -1,0 +1,93 @@
+"""Batch status transitions that end a batch, shared by the API, the worker and the schedules.
+
+Each is one conditional transaction that also releases the account's unfinished-batch count,
+so the count stays exact whoever gets there first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from freeinference_batch import accounts
+from freeinference_batch.schemas import FINAL_STATUSES
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_table import PURGE_SHARD, BatchTable
+from freeinference_batch.store.dynamo import TransactionFailed, transact
+
+RUNNABLE = ("validating", "in_progress")
+
+
+def _ts(now: float) -> int:
+    return int(now)
+
+
+def finished_fields(settings: Settings, now: float) -> tuple[str, dict[str, Any]]:
+    """SET clause shared by every final transition: leave the open index, join the purge index."""
+    clause = "finished_at = :now, purge_shard = :purge_shard, purge_at = :purge_at, #ttl = :ttl"
+    named = {
+        "now": _ts(now),
+        "purge_shard": PURGE_SHARD,
+        "purge_at": _ts(now) + settings.batch_retention_seconds,
+        # TTL is a backstop only: it deletes within days, reads stop at purge_at.
+        "ttl": _ts(now) + settings.batch_retention_seconds + 3 * 86400,
+    }
+    return clause, named
+
+
+def decide_final_status(meta: dict, now: float) -> str | None:
+    """The final status a batch should take now, if any (running requests always finish first)."""
+    status = meta["status"]
+    if meta.get("running", 0) > 0:
+        return None
+    if status == "cancelling":
+        return "cancelled"
+    if status in RUNNABLE:
+        if meta.get("completed", 0) + meta.get("failed", 0) >= meta["total"]:
+            return "completed"
+        if now >= meta["expires_at"]:
+            return "expired"
+    return None
+
+
+def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) -> str | None:
+    """Move the batch to its final status if it has reached one; returns that status or None."""
+    final = decide_final_status(meta, now)
+    if final is None:
+        return None
+    clause, named = finished_fields(settings, now)
+    element = table.meta_update_element(
+        meta["id"],
+        f"SET #status = :final, {final}_at = :now, {clause} REMOVE open_shard",
+        "#status = :old AND running = :zero",
+        names={"#status": "status", "#ttl": "ttl"},
+        final=final, old=meta["status"], zero=0, **named,
+    )
+    try:
+        transact([element, accounts.unfinished_decrement_update(settings, meta["owner"])])
+    except TransactionFailed:
+        return None  # someone else finalized it, or it changed; the next look decides again
+    return final
+
+
+def fail_batch(settings: Settings, table: BatchTable, meta: dict, now: float, code: str, message: str) -> bool:
+    """The owner lost the right to run it: fail at once; running requests still finish."""
+    if meta["status"] not in RUNNABLE:
+        return False
+    clause, named = finished_fields(settings, now)
+    element = table.meta_update_element(
+        meta["id"],
+        f"SET #status = :failed, failed_at = :now, #error = :error, {clause} REMOVE open_shard",
+        "#status IN (:validating, :in_progress)",
+        names={"#status": "status", "#error": "error", "#ttl": "ttl"},
+        failed="failed", error={"code": code, "message": message},
+        validating="validating", in_progress="in_progress", **named,
+    )
+    try:
+        transact([element, accounts.unfinished_decrement_update(settings, meta["owner"])])
+    except TransactionFailed:
+        return False
+    return True
+
+
+def is_final(status: str) -> bool:
+    return status in FINAL_STATUSES

@@ -1,0 +1,60 @@
+"""Paging through a batch's results, in submission order."""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+from freeinference_batch import views
+from freeinference_batch.accounts import Principal
+from freeinference_batch.batches import owned_meta
+from freeinference_batch.errors import BadRequest
+from freeinference_batch.schemas import Page
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_table import BatchTable
+
+RESULT_ID = re.compile(r"^batch_req_(\d{1,18})$")
+
+
+def result_id(meta: dict, position: int) -> str:
+    return f"batch_req_{meta['id_base'] + position}"
+
+
+def position_after(meta: dict, after: str | None) -> int:
+    """The position to start from: 0, or the one after the result `after` names."""
+    if not after:
+        return 0
+    match = RESULT_ID.match(after)
+    if not match:
+        raise BadRequest(f"after must be a result ID such as 'batch_req_42' (got {after[:100]!r})", param="after")
+    position = int(match.group(1)) - meta["id_base"]
+    if not 0 <= position < meta["total"]:
+        raise BadRequest(f"after {after!r} is not a result of batch {meta['id']}", param="after")
+    return position + 1
+
+
+def list_results(settings: Settings, principal: Principal, batch_id: str, limit: int, after: str | None) -> dict:
+    meta = owned_meta(settings, principal, batch_id)
+    table = BatchTable(settings)
+    first = position_after(meta, after)
+    last = min(meta["total"], first + limit) - 1
+    data = []
+    if first <= last:
+        states = table.get_requests(batch_id, first, last)
+        starts = meta["chunk_starts"]
+        number = bisect.bisect_right(starts, first) - 1
+        chunk, chunk_start = table.get_chunk(batch_id, number), starts[number]
+        for position in range(first, last + 1):
+            if number + 1 < len(starts) and position >= starts[number + 1]:
+                number += 1
+                chunk, chunk_start = table.get_chunk(batch_id, number), starts[number]
+            custom_id = chunk[position - chunk_start][0]
+            state = states.get(position)
+            response = table.load_response(state) if state and state.get("status") == "completed" else None
+            data.append(views.result_line(meta, result_id(meta, position), custom_id, state, response))
+    return Page(
+        data=data,
+        has_more=last < meta["total"] - 1,
+        first_id=data[0]["id"] if data else None,
+        last_id=data[-1]["id"] if data else None,
+    ).model_dump(mode="json")

@@ -1,0 +1,113 @@
+"""What the EventBridge schedules run: expiry, recovery (the sweep) and purge."""
+
+from __future__ import annotations
+
+from freeinference_batch import clock, dispatch, lifecycle
+from freeinference_batch.observability import logger
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable
+from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+
+# A batch still open this long after its window closed means something is stuck: alarm on it.
+PAST_WINDOW_GRACE_SECONDS = 3600
+
+
+def expire(settings: Settings) -> dict:
+    """Close the completion window of batches whose `expires_at` has passed. Requests that have
+    not started take `expired` from the batch; running ones finish first."""
+    table = BatchTable(settings)
+    now = clock.now(settings.clock_offset_file)
+    expired, stuck = 0, 0
+    for item in table.due("open-index", OPEN_SHARD, "expires_at", now):
+        meta = table.get_meta(item["id"])
+        if meta is None:
+            continue
+        if lifecycle.try_finalize(settings, table, meta, now):
+            expired += 1
+        elif now >= meta["expires_at"] + PAST_WINDOW_GRACE_SECONDS:
+            stuck += 1
+    return {"expired": expired, "past_window": stuck}
+
+
+def sweep(settings: Settings) -> dict:
+    """Finish what crashes leave behind: chains whose message was lost, requests whose worker
+    died while running them, batches whose last request settled without finalizing them."""
+    table = BatchTable(settings)
+    now = clock.now(settings.clock_offset_file)
+    counts = {"finalized": 0, "resent": 0, "recovered": 0}
+    for item in table.open_batches():
+        meta = table.get_meta(item["id"])
+        if meta is None or lifecycle.is_final(meta["status"]):
+            continue
+        if lifecycle.try_finalize(settings, table, meta, now):
+            counts["finalized"] += 1
+            continue
+        for lane in table.get_lanes(meta["id"]):
+            if lane["sk"].startswith("LANEPOS#"):
+                continue
+            _sweep_lane(settings, table, meta, lane, now, counts)
+    return counts
+
+
+def _sweep_lane(settings: Settings, table: BatchTable, meta: dict, lane: dict, now: float, counts: dict) -> None:
+    model = lane["model"]
+    positions: list[int] | None = None
+    for slot, (head, lease) in enumerate(zip(lane["heads"], lane["leases"], strict=True)):
+        if head >= lane["size"] or lease > now:
+            continue
+        positions = positions or table.get_lane_positions(meta["id"], model)
+        position = positions[head]
+        state = table.get_request(meta["id"], position)
+        if state and state["status"] == "running":
+            if state.get("lease_until", 0) > now:
+                continue
+            if not _take_back(settings, table, meta, position, state):
+                continue
+            counts["recovered"] += 1
+        elif state and state["status"] == "queued" and state.get("lease_until", 0) > now:
+            continue
+        elif state and state["status"] not in ("queued", "running"):
+            continue  # settled; the chain moved on in the same transaction
+        if meta["status"] not in lifecycle.RUNNABLE:
+            continue  # nothing more will start; the taken-back request reads as not started
+        until = now + dispatch.DISPATCH_LEASE_SECONDS
+        if table.set_lane_lease(meta["id"], model, slot, head, until):
+            dispatch.send(settings, [RequestMessage(batch_id=meta["id"], model=model, index=head, position=position,
+                                                    account_id=meta["account_id"], key_hash=meta["key_hash"])])
+            counts["resent"] += 1
+            logger.info("re-sent a lost request message", extra={"batch_id": meta["id"], "position": position})
+
+
+def _take_back(settings: Settings, table: BatchTable, meta: dict, position: int, state: dict) -> bool:
+    """A worker died while running this request: back to queued, its slots released, the batch's
+    running count down. Conditional on the dead run's claim, so a late settle cannot also count."""
+    leases = Leases(settings)
+    claim = state.get("claim", "")
+    elements = [
+        table.request_update_element(
+            meta["id"], position, "SET #status = :queued, lease_until = :zero REMOVE claim",
+            "#status = :running AND claim = :claim", names={"#status": "status"},
+            queued="queued", running="running", claim=claim, zero=0),
+        table.meta_update_element(meta["id"], "ADD running :minus_one", minus_one=-1),
+        leases.release_element(model_slots_key(state.get("model", "")), claim),
+        leases.release_element(account_slots_key(meta["account_id"]), claim),
+    ]
+    try:
+        transact(elements)
+    except TransactionFailed:
+        return False
+    logger.warning("took back a request whose worker stopped", extra={"batch_id": meta["id"], "position": position})
+    return True
+
+
+def purge(settings: Settings) -> dict:
+    """Delete deleted batches at once and finished ones when their retention ends."""
+    table = BatchTable(settings)
+    now = clock.now(settings.clock_offset_file)
+    purged = 0
+    for item in table.due("purge-index", PURGE_SHARD, "purge_at", now):
+        table.purge(item["id"])
+        purged += 1
+    return {"purged": purged}

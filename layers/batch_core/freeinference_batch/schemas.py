@@ -1,0 +1,133 @@
+"""Pydantic models of every payload the service takes or gives."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+BatchStatus = Literal[
+    "validating", "in_progress", "completed", "failed", "expired", "cancelling", "cancelled"
+]
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "expired", "cancelled"})
+# Stored statuses beyond the spec's: a batch being written (never visible) and a deleted one.
+CREATING = "creating"
+DELETED = "deleted"
+
+
+# ---- create -------------------------------------------------------------------------------
+
+
+class ChatCompletionBody(BaseModel):
+    """The part of a chat-completion body the batch service must understand; everything else is
+    passed to the upstream untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr
+    messages: list[Any] = Field(min_length=1)
+    stream: StrictBool | None = None
+
+
+class BatchRequestLine(BaseModel):
+    """One entry of `requests`, shaped like a line of an OpenAI batch input file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    custom_id: StrictStr = Field(min_length=1, max_length=512)
+    method: Literal["POST"] = "POST"
+    url: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+    body: ChatCompletionBody
+
+
+class CreateBatchEnvelope(BaseModel):
+    """The create body without its requests (those are validated one by one, so an error can
+    name the request at fault). `completion_window` and OpenAI's other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    requests: list[Any]
+    metadata: dict[StrictStr, StrictStr] | None = None
+
+
+# ---- answers ------------------------------------------------------------------------------
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchObject(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+    errors: None = None
+    input_file_id: None = None
+    completion_window: str
+    status: BatchStatus
+    output_file_id: None = None
+    error_file_id: None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int
+    finalizing_at: None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None = None
+    cost_usd: float
+    error: dict[str, Any] | None = None
+
+
+class ResultError(BaseModel):
+    code: str
+    message: str
+    status: int | None = None
+
+
+class ResultResponse(BaseModel):
+    status_code: int
+    request_id: str
+    body: dict[str, Any]
+
+
+class ResultLine(BaseModel):
+    id: str
+    custom_id: str
+    status: Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
+    response: ResultResponse | None = None
+    error: ResultError | None = None
+
+
+class Page(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Any]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class DeletedBatch(BaseModel):
+    id: str
+    object: Literal["batch.deleted"] = "batch.deleted"
+    deleted: Literal[True] = True
+
+
+# ---- internal -----------------------------------------------------------------------------
+
+
+class RequestMessage(BaseModel):
+    """An SQS message: which request to run. Messages carry ids, never bodies (SQS caps a message
+    at 1 MiB, and the owner's details are re-read before every run anyway)."""
+
+    batch_id: str
+    model: str
+    index: int = Field(ge=0, description="position within the batch's lane for this model")
+    position: int = Field(ge=0, description="position within the batch")
+    account_id: str = ""
+    key_hash: str = ""

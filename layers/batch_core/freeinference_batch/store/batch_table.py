@@ -1,0 +1,377 @@
+"""Data access for the batch table and the payload bucket: the only module that knows their
+item keys and shapes.
+
+Items of one batch share the partition `BATCH#<id>`:
+
+| sk | written | holds |
+|---|---|---|
+| `META` | create, then every state change | owner, status, timestamps, counters, cost (nano-USD), metadata |
+| `IN#00000` | create (immutable) | a run of consecutive requests, zlib-compressed JSON; S3 when too big |
+| `LANE#<model>` | create, each settle | the lane's chain heads and their dispatch leases |
+| `LANEPOS#<model>` | create (immutable) | the lane's request positions, delta-encoded and compressed |
+| `REQ#000000042` | when a request first runs | status, attempts, last error, response (S3 when large) |
+
+The mutable items stay small on purpose: DynamoDB bills an update by the size of the whole
+item, so the big immutable parts live in items of their own.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import threading
+import zlib
+from collections import OrderedDict
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from freeinference_batch import aws
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.dynamo import (
+    batch_get,
+    batch_write,
+    from_item,
+    is_conditional_failure,
+    key,
+    query_all,
+    to_attr,
+    to_item,
+    values,
+)
+
+META = "META"
+OPEN_SHARD = "OPEN"
+PURGE_SHARD = "PURGE"
+COUNTER_KEY = key("COUNTER", "RESULT_IDS")
+# Store responses larger than this in S3 (DynamoDB items stop at 400 KB).
+INLINE_RESPONSE_LIMIT = 300_000
+
+
+def batch_pk(batch_id: str) -> str:
+    return f"BATCH#{batch_id}"
+
+
+def meta_key(batch_id: str) -> dict:
+    return key(batch_pk(batch_id), META)
+
+
+def chunk_sk(number: int) -> str:
+    return f"IN#{number:05d}"
+
+
+def request_key(batch_id: str, position: int) -> dict:
+    return key(batch_pk(batch_id), f"REQ#{position:09d}")
+
+
+def lane_key(batch_id: str, model: str) -> dict:
+    return key(batch_pk(batch_id), f"LANE#{model}")
+
+
+def encode_positions(positions: list[int]) -> bytes:
+    """Positions ascend, so their gaps are small numbers that compress to almost nothing."""
+    gaps = array.array("I", (b - a for a, b in zip([-1, *positions[:-1]], positions, strict=True)))
+    return zlib.compress(gaps.tobytes(), 6)
+
+
+def decode_positions(blob: bytes) -> list[int]:
+    gaps = array.array("I")
+    gaps.frombytes(zlib.decompress(blob))
+    out, last = [], -1
+    for gap in gaps:
+        last += gap
+        out.append(last)
+    return out
+
+
+class _LruCache:
+    """Immutable items (input chunks, lane positions) read by warm workers again and again."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, name: Any) -> Any:
+        with self._lock:
+            if name in self._items:
+                self._items.move_to_end(name)
+                return self._items[name]
+        return None
+
+    def put(self, name: Any, value: Any) -> None:
+        with self._lock:
+            self._items[name] = value
+            self._items.move_to_end(name)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
+_chunks = _LruCache(64)
+_lane_positions = _LruCache(256)
+
+
+class BatchTable:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.name = settings.batch_table_name
+        self.bucket = settings.payload_bucket_name
+
+    # ---- create -------------------------------------------------------------------------
+
+    def reserve_result_ids(self, count: int) -> int:
+        """One atomic counter update reserves `count` consecutive result numbers; returns the
+        first. Result ids are unique across batches and `after` maps straight to a position."""
+        answer = aws.dynamodb().update_item(
+            TableName=self.name,
+            Key=COUNTER_KEY,
+            UpdateExpression="ADD next_id :n",
+            ExpressionAttributeValues=values(n=count),
+            ReturnValues="UPDATED_NEW",
+        )
+        last = int(answer["Attributes"]["next_id"]["N"])
+        return 1000 + last - count  # start at batch_req_1000: ids look like the spec's
+
+    def chunk_item(self, batch_id: str, number: int, packed: bytes, ttl: int) -> dict:
+        return to_item({"pk": batch_pk(batch_id), "sk": chunk_sk(number), "data": packed, "ttl": ttl})
+
+    def chunk_item_in_s3(self, batch_id: str, number: int, packed: bytes, ttl: int) -> dict:
+        s3_key = f"{batch_id}/input/{number:05d}.json.z"
+        aws.s3().put_object(Bucket=self.bucket, Key=s3_key, Body=packed)
+        return to_item({"pk": batch_pk(batch_id), "sk": chunk_sk(number), "s3_key": s3_key, "ttl": ttl})
+
+    def lane_items(self, batch_id: str, model: str, positions: list[int], width: int, lease_until: float,
+                   ttl: int) -> list[dict]:
+        heads = list(range(min(width, len(positions))))
+        return [
+            to_item({"pk": batch_pk(batch_id), "sk": f"LANEPOS#{model}", "positions": encode_positions(positions),
+                     "ttl": ttl}),
+            to_item({"pk": batch_pk(batch_id), "sk": f"LANE#{model}", "model": model, "size": len(positions),
+                     "width": width, "heads": heads, "leases": [lease_until] * len(heads), "ttl": ttl}),
+        ]
+
+    def put_items(self, items: list[dict]) -> None:
+        batch_write(self.name, puts=items)
+
+    def put_meta_element(self, meta: dict) -> dict:
+        return {"Put": {"TableName": self.name, "Item": to_item(meta),
+                        "ConditionExpression": "attribute_not_exists(pk)"}}
+
+    # ---- read ---------------------------------------------------------------------------
+
+    def get_meta(self, batch_id: str, *, consistent: bool = True) -> dict | None:
+        answer = aws.dynamodb().get_item(TableName=self.name, Key=meta_key(batch_id), ConsistentRead=consistent)
+        return from_item(answer.get("Item"))
+
+    def get_chunk(self, batch_id: str, number: int) -> list[list[Any]]:
+        """The requests of one input chunk: [custom_id, model, body] each. Cached: chunks never change."""
+        cached = _chunks.get((batch_id, number))
+        if cached is not None:
+            return cached
+        answer = aws.dynamodb().get_item(TableName=self.name, Key=key(batch_pk(batch_id), chunk_sk(number)))
+        item = from_item(answer.get("Item"))
+        if item is None:
+            raise LookupError(f"input chunk {number} of {batch_id} is missing")
+        packed = item.get("data")
+        if packed is None:
+            packed = aws.s3().get_object(Bucket=self.bucket, Key=item["s3_key"])["Body"].read()
+        requests = json.loads(zlib.decompress(packed))
+        _chunks.put((batch_id, number), requests)
+        return requests
+
+    def get_lane_positions(self, batch_id: str, model: str) -> list[int]:
+        cached = _lane_positions.get((batch_id, model))
+        if cached is not None:
+            return cached
+        answer = aws.dynamodb().get_item(TableName=self.name, Key=key(batch_pk(batch_id), f"LANEPOS#{model}"))
+        item = from_item(answer.get("Item"))
+        if item is None:
+            raise LookupError(f"lane {model} of {batch_id} is missing")
+        positions = decode_positions(item["positions"])
+        _lane_positions.put((batch_id, model), positions)
+        return positions
+
+    def get_lanes(self, batch_id: str) -> list[dict]:
+        return list(query_all(
+            TableName=self.name,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :lane)",
+            ExpressionAttributeValues=values(pk=batch_pk(batch_id), lane="LANE#"),
+            ConsistentRead=True,
+        ))
+
+    def get_request(self, batch_id: str, position: int) -> dict | None:
+        answer = aws.dynamodb().get_item(TableName=self.name, Key=request_key(batch_id, position),
+                                         ConsistentRead=True)
+        return from_item(answer.get("Item"))
+
+    def get_requests(self, batch_id: str, first: int, last: int) -> dict[int, dict]:
+        """Request states for positions first..last (inclusive), by position."""
+        found = {}
+        for item in query_all(
+            TableName=self.name,
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
+            ExpressionAttributeValues=values(pk=batch_pk(batch_id), lo=f"REQ#{first:09d}", hi=f"REQ#{last:09d}"),
+        ):
+            found[int(item["sk"][4:])] = item
+        return found
+
+    def load_response(self, state: dict) -> dict | None:
+        if "response" in state:
+            return state["response"]
+        if "response_s3_key" in state:
+            body = aws.s3().get_object(Bucket=self.bucket, Key=state["response_s3_key"])["Body"].read()
+            return json.loads(zlib.decompress(body))
+        return None
+
+    def response_attribute(self, batch_id: str, position: int, response: dict) -> tuple[str, Any]:
+        """(attribute, value) to store a response: inline when it fits an item, else in S3."""
+        encoded = json.dumps(response, separators=(",", ":"))
+        if len(encoded) <= INLINE_RESPONSE_LIMIT:
+            return "response", response
+        s3_key = f"{batch_id}/responses/{position:09d}.json.z"
+        aws.s3().put_object(Bucket=self.bucket, Key=s3_key, Body=zlib.compress(encoded.encode(), 6))
+        return "response_s3_key", s3_key
+
+    def list_owner(self, account_id: str, limit: int, start_key: dict | None) -> tuple[list[dict], dict | None]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.name,
+            "IndexName": "owner-index",
+            "KeyConditionExpression": "#owner = :owner",
+            "ExpressionAttributeNames": {"#owner": "owner"},
+            "ExpressionAttributeValues": values(owner=account_id),
+            "ScanIndexForward": False,
+            "Limit": limit,
+        }
+        if start_key:
+            kwargs["ExclusiveStartKey"] = start_key
+        answer = aws.dynamodb().query(**kwargs)
+        return [from_item(i) for i in answer.get("Items", [])], answer.get("LastEvaluatedKey")
+
+    @staticmethod
+    def owner_index_key(meta: dict) -> dict:
+        return {"pk": to_attr(meta["pk"]), "sk": to_attr(META), "owner": to_attr(meta["owner"]),
+                "created_key": to_attr(meta["created_key"])}
+
+    def due(self, index: str, shard: str, sort_attr: str, before: float) -> list[dict]:
+        """Items of a sparse index whose sort attribute is <= `before` (expiry, purge)."""
+        shard_attr = "open_shard" if index == "open-index" else "purge_shard"
+        return list(query_all(
+            TableName=self.name,
+            IndexName=index,
+            KeyConditionExpression=f"{shard_attr} = :shard AND {sort_attr} <= :before",
+            ExpressionAttributeValues=values(shard=shard, before=before),
+        ))
+
+    def open_batches(self) -> list[dict]:
+        return list(query_all(
+            TableName=self.name, IndexName="open-index",
+            KeyConditionExpression="open_shard = :shard", ExpressionAttributeValues=values(shard=OPEN_SHARD),
+        ))
+
+    def get_metas(self, batch_ids: list[str]) -> dict[str, dict]:
+        if not batch_ids:
+            return {}
+        found = batch_get({self.name: {"Keys": [meta_key(b) for b in batch_ids], "ConsistentRead": True}})
+        return {item["id"]: item for item in found[self.name]}
+
+    # ---- state changes ------------------------------------------------------------------
+
+    def update_meta(self, batch_id: str, expression: str, condition: str, names: dict | None = None,
+                    **named: Any) -> dict | None:
+        """A conditional META update; the new item, or None when the condition did not hold."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.name, "Key": meta_key(batch_id), "UpdateExpression": expression,
+            "ConditionExpression": condition, "ReturnValues": "ALL_NEW",
+        }
+        if named:
+            kwargs["ExpressionAttributeValues"] = values(**named)
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        try:
+            return from_item(aws.dynamodb().update_item(**kwargs)["Attributes"])
+        except ClientError as error:
+            if is_conditional_failure(error):
+                return None
+            raise
+
+    def meta_update_element(self, batch_id: str, expression: str, condition: str | None = None,
+                            names: dict | None = None, **named: Any) -> dict:
+        element: dict[str, Any] = {"TableName": self.name, "Key": meta_key(batch_id), "UpdateExpression": expression}
+        if condition:
+            element["ConditionExpression"] = condition
+        if named:
+            element["ExpressionAttributeValues"] = values(**named)
+        if names:
+            element["ExpressionAttributeNames"] = names
+        return {"Update": element}
+
+    def request_update_element(self, batch_id: str, position: int, expression: str, condition: str | None,
+                               names: dict | None = None, **named: Any) -> dict:
+        element: dict[str, Any] = {"TableName": self.name, "Key": request_key(batch_id, position),
+                                   "UpdateExpression": expression}
+        if condition:
+            element["ConditionExpression"] = condition
+        if named:
+            element["ExpressionAttributeValues"] = values(**named)
+        if names:
+            element["ExpressionAttributeNames"] = names
+        return {"Update": element}
+
+    def lane_update_element(self, batch_id: str, model: str, slot: int, head: int, lease_until: float) -> dict:
+        return {"Update": {
+            "TableName": self.name, "Key": lane_key(batch_id, model),
+            "UpdateExpression": f"SET heads[{slot}] = :head, leases[{slot}] = :lease",
+            "ExpressionAttributeValues": values(head=head, lease=lease_until),
+        }}
+
+    def set_lane_lease(self, batch_id: str, model: str, slot: int, head: int, lease_until: float) -> bool:
+        """Renew one chain's dispatch lease, only if the chain still stands at `head`."""
+        try:
+            aws.dynamodb().update_item(
+                TableName=self.name, Key=lane_key(batch_id, model),
+                UpdateExpression=f"SET leases[{slot}] = :lease",
+                ConditionExpression=f"heads[{slot}] = :head",
+                ExpressionAttributeValues=values(head=head, lease=lease_until),
+            )
+            return True
+        except ClientError as error:
+            if is_conditional_failure(error):
+                return False
+            raise
+
+    def update_request(self, batch_id: str, position: int, expression: str, condition: str,
+                       names: dict | None = None, **named: Any) -> bool:
+        kwargs: dict[str, Any] = {"TableName": self.name, "Key": request_key(batch_id, position),
+                                  "UpdateExpression": expression, "ConditionExpression": condition,
+                                  "ExpressionAttributeValues": values(**named)}
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        try:
+            aws.dynamodb().update_item(**kwargs)
+            return True
+        except ClientError as error:
+            if is_conditional_failure(error):
+                return False
+            raise
+
+    # ---- purge --------------------------------------------------------------------------
+
+    def purge(self, batch_id: str) -> int:
+        """Delete every item and object of a batch; META last, so a crash mid-way is retried."""
+        keys = [key(i["pk"], i["sk"]) for i in query_all(
+            TableName=self.name, KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues=values(pk=batch_pk(batch_id)), ProjectionExpression="pk, sk",
+        )]
+        meta = meta_key(batch_id)
+        others = [k for k in keys if k != meta]
+        self._delete_objects(f"{batch_id}/")
+        batch_write(self.name, deletes=others)
+        batch_write(self.name, deletes=[meta] if meta in keys else [])
+        return len(keys)
+
+    def _delete_objects(self, prefix: str) -> None:
+        paginator = aws.s3().get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            objects = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            for start in range(0, len(objects), 1000):
+                aws.s3().delete_objects(Bucket=self.bucket, Delete={"Objects": objects[start : start + 1000]})

@@ -1,0 +1,141 @@
+"""Small helpers over the low-level DynamoDB client, shared by every table module."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterable, Iterator
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from freeinference_batch import aws
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def to_attr(value: Any) -> dict:
+    if isinstance(value, float):
+        value = Decimal(repr(value))
+    return _serializer.serialize(value)
+
+
+def to_item(values: dict[str, Any]) -> dict[str, dict]:
+    return {name: to_attr(value) for name, value in values.items() if value is not None}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, set):
+        return {_plain(v) for v in value}
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    return value
+
+
+def from_item(item: dict[str, dict] | None) -> dict[str, Any] | None:
+    if item is None:
+        return None
+    return {name: _plain(_deserializer.deserialize(value)) for name, value in item.items()}
+
+
+def values(**named: Any) -> dict[str, dict]:
+    """ExpressionAttributeValues from keyword arguments: values(now=1) -> {':now': {'N': '1'}}."""
+    return {f":{name}": to_attr(value) for name, value in named.items()}
+
+
+def key(pk: str, sk: str) -> dict[str, dict]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+
+def error_code(error: ClientError) -> str:
+    return error.response.get("Error", {}).get("Code", "")
+
+
+def is_conditional_failure(error: ClientError) -> bool:
+    return error_code(error) == "ConditionalCheckFailedException"
+
+
+def cancellation_codes(error: ClientError) -> list[str]:
+    """For a cancelled transaction, the reason code of each element ('None' where it passed)."""
+    reasons = error.response.get("CancellationReasons") or []
+    return [reason.get("Code") or "None" for reason in reasons]
+
+
+class TransactionFailed(Exception):
+    """A transaction was cancelled by a condition; `codes` has one reason per element."""
+
+    def __init__(self, codes: list[str]) -> None:
+        super().__init__(f"transaction cancelled: {codes}")
+        self.codes = codes
+
+    def failed(self, index: int) -> bool:
+        return index < len(self.codes) and self.codes[index] == "ConditionalCheckFailed"
+
+
+def transact(elements: list[dict], *, attempts: int = 6) -> None:
+    """TransactWriteItems, retrying transaction conflicts (another transaction on the same item,
+    which DynamoDB reports instead of waiting). Condition failures raise TransactionFailed."""
+    for attempt in range(attempts):
+        try:
+            aws.dynamodb().transact_write_items(TransactItems=elements)
+            return
+        except ClientError as error:
+            if error_code(error) != "TransactionCanceledException":
+                raise
+            codes = cancellation_codes(error)
+            if "ConditionalCheckFailed" in codes or attempt == attempts - 1:
+                raise TransactionFailed(codes) from error
+            # Only conflicts/throttling: back off with jitter and try again.
+            time.sleep(random.uniform(0, 0.02 * 2**attempt))
+
+
+def batch_write(table: str, puts: Iterable[dict] = (), deletes: Iterable[dict] = ()) -> None:
+    """BatchWriteItem in runs of 25, re-sending whatever DynamoDB leaves unprocessed."""
+    requests = [{"PutRequest": {"Item": item}} for item in puts]
+    requests += [{"DeleteRequest": {"Key": k}} for k in deletes]
+    for start in range(0, len(requests), 25):
+        pending = {table: requests[start : start + 25]}
+        for attempt in range(10):
+            answer = aws.dynamodb().batch_write_item(RequestItems=pending)
+            pending = answer.get("UnprocessedItems") or {}
+            if not pending:
+                break
+            time.sleep(min(1.0, 0.02 * 2**attempt))
+        else:
+            raise RuntimeError("DynamoDB left items unprocessed after 10 tries")
+
+
+def batch_get(requests: dict[str, dict]) -> dict[str, list[dict]]:
+    """BatchGetItem, re-asking for unprocessed keys; answers deserialized items per table."""
+    found: dict[str, list[dict]] = {table: [] for table in requests}
+    pending = requests
+    for attempt in range(10):
+        answer = aws.dynamodb().batch_get_item(RequestItems=pending)
+        for table, items in answer.get("Responses", {}).items():
+            found[table].extend(from_item(item) for item in items)
+        pending = answer.get("UnprocessedKeys") or {}
+        if not pending:
+            return found
+        time.sleep(min(1.0, 0.02 * 2**attempt))
+    raise RuntimeError("DynamoDB left keys unprocessed after 10 tries")
+
+
+def query_all(**kwargs: Any) -> Iterator[dict]:
+    """Every item of a Query, following LastEvaluatedKey."""
+    while True:
+        answer = aws.dynamodb().query(**kwargs)
+        for item in answer.get("Items", []):
+            yield from_item(item)
+        last = answer.get("LastEvaluatedKey")
+        if not last:
+            return
+        kwargs["ExclusiveStartKey"] = last

@@ -1,0 +1,132 @@
+"""The rules a batch's requests must meet, shared by the API and the CLI's local check.
+
+Every error names the request at fault in the spec's form:
+`requests[1] (custom_id 'q-2'): Model 'no-such-model' not found`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from freeinference_batch.catalog import Catalog, is_auto_model
+from freeinference_batch.errors import BadRequest
+from freeinference_batch.schemas import BatchRequestLine, CreateBatchEnvelope
+
+_lines = TypeAdapter(list[BatchRequestLine])
+
+METADATA_MAX_PAIRS = 16
+METADATA_MAX_KEY = 64
+METADATA_MAX_VALUE = 512
+
+Label = Callable[[int], str]
+
+
+def requests_label(index: int) -> str:
+    return f"requests[{index}]"
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """A pydantic error, in words that point at the field."""
+    loc = [str(part) for part in error["loc"][1:]]  # drop the list index
+    field = ".".join(loc)
+    kind = error["type"]
+    if loc == ["custom_id"]:
+        return "custom_id must be a string of 1 to 512 characters"
+    if loc == ["method"]:
+        return "method must be 'POST', the only method a batch accepts"
+    if loc == ["url"]:
+        return "url must be '/v1/chat/completions', the only endpoint a batch can call"
+    if loc == ["body"] and kind in ("model_type", "dict_type"):
+        return "body must be a chat-completion request object"
+    if loc == ["body", "model"]:
+        return "body.model is required and must be a string" if kind == "missing" else "body.model must be a string"
+    if loc == ["body", "messages"]:
+        return "body.messages must be a non-empty array of messages"
+    if loc == ["body", "stream"]:
+        return "body.stream must be a boolean (and not true: batches do not stream)"
+    if kind == "missing":
+        return f"{field} is required"
+    if kind == "extra_forbidden":
+        return f"unknown field '{field}' (a request has custom_id, method, url and body)"
+    return f"{field}: {error['msg']}"
+
+
+def _prefix(label: Label, index: int, raw: Any) -> str:
+    custom_id = raw.get("custom_id") if isinstance(raw, dict) else None
+    if isinstance(custom_id, str):
+        shown = custom_id if len(custom_id) <= 80 else custom_id[:77] + "..."
+        return f"{label(index)} (custom_id {shown!r})"
+    return label(index)
+
+
+def validate_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise BadRequest(f"metadata holds {len(metadata)} pairs; at most {METADATA_MAX_PAIRS} are allowed",
+                         param="metadata")
+    for name, value in metadata.items():
+        if len(name) > METADATA_MAX_KEY:
+            raise BadRequest(f"metadata key {name[:70]!r} is longer than {METADATA_MAX_KEY} characters",
+                             param="metadata")
+        if len(value) > METADATA_MAX_VALUE:
+            raise BadRequest(f"metadata[{name!r}] is longer than {METADATA_MAX_VALUE} characters", param="metadata")
+
+
+def parse_envelope(document: Any) -> CreateBatchEnvelope:
+    if not isinstance(document, dict):
+        raise BadRequest("The body must be a JSON object with a 'requests' array")
+    try:
+        return CreateBatchEnvelope.model_validate(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = first["loc"][0] if first["loc"] else ""
+        if where == "requests":
+            if first["type"] == "missing":
+                raise BadRequest("The body must have a 'requests' array", param="requests") from None
+            raise BadRequest("'requests' must be an array of requests", param="requests") from None
+        if where == "metadata":
+            raise BadRequest("metadata must be an object of string keys and string values",
+                             param="metadata") from None
+        raise BadRequest(f"Invalid body: {first['msg']}") from None
+
+
+def validate_requests(raw_requests: list[Any], catalog: Catalog, tier: str, max_requests: int,
+                      label: Label = requests_label) -> list[list[Any]]:
+    """Check every request; answers [custom_id, model, body] per request, in order."""
+    if not raw_requests:
+        raise BadRequest("A batch needs at least one request; 'requests' is empty", param="requests")
+    if len(raw_requests) > max_requests:
+        raise BadRequest(f"A batch holds at most {max_requests} requests; this one has {len(raw_requests)}. "
+                         "Split the job into several batches", param="requests")
+    try:
+        lines = _lines.validate_python(raw_requests)
+    except ValidationError as error:
+        first = min(error.errors(), key=lambda e: e["loc"][0])
+        index = int(first["loc"][0])
+        if len(first["loc"]) == 1:
+            raise BadRequest(f"{label(index)}: each request must be an object with custom_id and body") from None
+        raise BadRequest(f"{_prefix(label, index, raw_requests[index])}: {_describe(first)}") from None
+
+    seen: dict[str, int] = {}
+    packed: list[list[Any]] = []
+    for index, (line, raw) in enumerate(zip(lines, raw_requests, strict=True)):
+        body = raw["body"]
+        model = line.body.model
+        where = _prefix(label, index, raw)
+        if is_auto_model(model):
+            raise BadRequest(f"{where}: Auto model {model!r} cannot be used in a batch; name a model ID")
+        if catalog.model_for_tier(model, tier) is None:
+            # Not allowed and not existing read the same: a key cannot probe for models.
+            raise BadRequest(f"{where}: Model {model!r} not found", code="model_not_found")
+        if line.body.stream:
+            raise BadRequest(f"{where}: body.stream must not be true; batch requests do not stream")
+        if line.custom_id in seen:
+            raise BadRequest(f"{where}: custom_id {line.custom_id!r} repeats {label(seen[line.custom_id])}; "
+                             "custom_id must be unique within the batch")
+        seen[line.custom_id] = index
+        packed.append([line.custom_id, model, body])
+    return packed

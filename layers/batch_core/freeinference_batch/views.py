@@ -1,0 +1,73 @@
+"""How stored items look to the user: the batch object and result lines.
+
+Requests that never left the backlog have no item of their own; their status follows from the
+batch's (principle 4 of the design: cancel, expiry and failure touch no per-request item).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from freeinference_batch.catalog import NANO_PER_USD
+from freeinference_batch.schemas import BatchObject, RequestCounts, ResultLine
+
+TIMESTAMPS = ("in_progress_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
+
+NOT_STARTED = {
+    # batch status -> (result status, error) for a request that has no final state of its own
+    "cancelling": ("cancelled", None),
+    "cancelled": ("cancelled", None),
+    "failed": ("failed", {"code": "batch_failed", "message": "Not run: the batch failed"}),
+    "expired": ("expired", {"code": "batch_expired", "message": "Not run: the completion window closed first"}),
+}
+
+
+def window_label(seconds: int) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
+def request_counts(meta: dict) -> RequestCounts:
+    total = meta["total"]
+    completed = meta.get("completed", 0)
+    if meta["status"] in ("failed", "expired"):
+        # Every request that did not succeed and is not still finishing counts as failed.
+        failed = total - completed - meta.get("running", 0)
+    else:
+        failed = meta.get("failed", 0)
+    return RequestCounts(total=total, completed=completed, failed=failed)
+
+
+def batch_object(meta: dict) -> dict[str, Any]:
+    obj = BatchObject(
+        id=meta["id"],
+        completion_window=window_label(meta["window_seconds"]),
+        status=meta["status"],
+        created_at=meta["created_at"],
+        expires_at=meta["expires_at"],
+        request_counts=request_counts(meta),
+        metadata=meta.get("metadata"),
+        cost_usd=round(meta.get("cost_nano", 0) / NANO_PER_USD, 9),
+        error=meta.get("error"),
+        **{name: meta.get(name) for name in TIMESTAMPS},
+    )
+    return obj.model_dump(mode="json")
+
+
+def result_line(meta: dict, result_id: str, custom_id: str, state: dict | None,
+                response: dict | None) -> dict[str, Any]:
+    status = state["status"] if state else "queued"
+    error = state.get("error") if state else None
+    if status not in ("completed", "failed", "running") and meta["status"] in NOT_STARTED:
+        status, error = NOT_STARTED[meta["status"]]
+    line = ResultLine(
+        id=result_id,
+        custom_id=custom_id,
+        status=status,
+        response=response if status == "completed" else None,
+        error=error if status != "completed" else None,
+    )
+    return line.model_dump(mode="json")
