@@ -1,0 +1,118 @@
+"""moto in server mode on loopback, one request at a time.
+
+moto documents itself as not concurrency-safe, while the local stack calls it from many threads
+(API requests, pollers, workers, schedules). So, like `moto.server.ThreadedMotoServer`, we serve
+moto's WSGI app with werkzeug's threaded server, but wrap the app in one lock: a request's body
+is read *before* taking the lock and its response is fully produced *inside* it, so the lock is
+held only while moto works, never while a socket is slow.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class SerializedWsgiApp:
+    """A WSGI app that runs `app` for one request at a time."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+        self.requests = 0
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        body = _read_body(environ)
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        captured: dict[str, Any] = {}
+        written: list[bytes] = []
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:
+            captured["status"], captured["headers"] = status, headers
+            return written.append
+
+        with self.lock:
+            self.requests += 1
+            result = self.app(environ, capture)
+            try:
+                chunks = [*written, *result]
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        start_response(captured["status"], captured["headers"])
+        return chunks
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    length = environ.get("CONTENT_LENGTH")
+    if length:
+        return stream.read(int(length))
+    if environ.get("wsgi.input_terminated"):  # chunked: werkzeug de-chunks and ends the stream
+        return stream.read()
+    return b""
+
+
+class MotoServer:
+    """`start()` returns the endpoint URL (http://127.0.0.1:PORT); `stop()` shuts it down."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.app: SerializedWsgiApp | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> str:
+        # Imported here: moto's server pulls in flask and every backend index (slow, dev-only).
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        # werkzeug logs every request at INFO; the local stack's own logs are what matter.
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self.app = SerializedWsgiApp(DomainDispatcherApplication(create_backend_app))
+        self._server = make_server(
+            self.host, self.port, self.app, threaded=True, request_handler=MotoRequestHandler
+        )
+        self._server.daemon_threads = True
+        self.port = self._server.server_port
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="moto-server", daemon=True
+        )
+        self._thread.start()
+        log.debug("moto server on %s", self.endpoint_url)
+        return self.endpoint_url
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> MotoServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,394 @@
+"""What Lambda's event source mappings and EventBridge schedules do, on threads.
+
+`QueuePoller` is one SQS event mapping: it receives up to `BatchSize` messages, builds the SQS
+event exactly as Lambda does, invokes the worker with at most `ScalingConfig.MaximumConcurrency`
+invocations at once (it stops receiving while all are busy), and deletes every record the
+invocation did not report in `batchItemFailures`; an invocation that raises deletes nothing, so
+its messages come back after the visibility timeout, as on AWS.
+
+Polls never wait (`WaitTimeSeconds=0`): every moto request holds the moto server's one lock, so
+a long poll would stall every other AWS call of the stack. An empty receive sleeps a few tens of
+milliseconds instead. Lambda's `MaximumBatchingWindowInSeconds` is not emulated: a receive is
+invoked at once with what it got (lower latency locally, same semantics).
+
+`ScheduleTimer` calls a schedule handler every `interval` seconds with an EventBridge
+"Scheduled Event"; a failing run is logged and the next tick comes anyway.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from freeinference_batch.local.handlers import LOCAL_ACCOUNT_ID, LOCAL_REGION, LambdaContext
+
+log = logging.getLogger(__name__)
+
+IDLE_SLEEP_SECONDS = 0.03
+ERROR_SLEEP_SECONDS = 0.5
+
+
+def sqs_record(message: dict[str, Any], queue_arn: str, region: str = LOCAL_REGION) -> dict[str, Any]:
+    """One record of Lambda's SQS event, from one message of a ReceiveMessage answer."""
+    record: dict[str, Any] = {
+        "messageId": message["MessageId"],
+        "receiptHandle": message["ReceiptHandle"],
+        "body": message.get("Body", ""),
+        "attributes": {name: str(value) for name, value in (message.get("Attributes") or {}).items()},
+        "messageAttributes": {
+            name: _message_attribute(value)
+            for name, value in (message.get("MessageAttributes") or {}).items()
+        },
+        "md5OfBody": message.get("MD5OfBody") or hashlib.md5(message.get("Body", "").encode()).hexdigest(),
+    }
+    if message.get("MD5OfMessageAttributes"):
+        record["md5OfMessageAttributes"] = message["MD5OfMessageAttributes"]
+    record.update(eventSource="aws:sqs", eventSourceARN=queue_arn, awsRegion=region)
+    return record
+
+
+def _message_attribute(value: dict[str, Any]) -> dict[str, Any]:
+    # Lambda's shape: camelCase, binary as base64 text, both list fields always present.
+    attribute: dict[str, Any] = {}
+    if "StringValue" in value:
+        attribute["stringValue"] = value["StringValue"]
+    if "BinaryValue" in value:
+        attribute["binaryValue"] = _b64(value["BinaryValue"])
+    attribute["stringListValues"] = list(value.get("StringListValues") or [])
+    attribute["binaryListValues"] = [_b64(item) for item in value.get("BinaryListValues") or []]
+    attribute["dataType"] = value.get("DataType", "String")
+    return attribute
+
+
+def _b64(value: bytes | str) -> str:
+    return base64.b64encode(value if isinstance(value, bytes) else value.encode()).decode("ascii")
+
+
+def failed_message_ids(response: Any, message_ids: list[str]) -> set[str] | None:
+    """The message ids a `ReportBatchItemFailures` answer keeps, or None if the whole batch failed.
+
+    As Lambda does: no answer or no `batchItemFailures` means all succeeded; a failure without a
+    valid `itemIdentifier` (empty, or not a message of this batch) fails the whole batch.
+    """
+    if not isinstance(response, dict):
+        return set()
+    failures = response.get("batchItemFailures")
+    if not failures:
+        return set()
+    known = set(message_ids)
+    failed = set()
+    for failure in failures:
+        identifier = failure.get("itemIdentifier") if isinstance(failure, dict) else None
+        if not identifier or identifier not in known:
+            return None
+        failed.add(identifier)
+    return failed
+
+
+class QueuePoller:
+    """One SQS event mapping: a queue, a worker handler, a batch size and a concurrency cap."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        sqs: Any,
+        queue_url: str,
+        queue_arn: str,
+        handler: Callable[[dict, Any], Any],
+        batch_size: int = 10,
+        max_concurrency: int = 2,
+        report_batch_item_failures: bool = True,
+        context_factory: Callable[[], Any] | None = None,
+        idle_sleep: float = IDLE_SLEEP_SECONDS,
+        region: str = LOCAL_REGION,
+    ) -> None:
+        self.name = name
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.queue_arn = queue_arn
+        self.handler = handler
+        self.batch_size = max(1, min(int(batch_size), 10))
+        self.max_concurrency = max(1, int(max_concurrency))
+        self.report_batch_item_failures = report_batch_item_failures
+        self.context_factory = context_factory or (lambda: LambdaContext(name, 128, 60))
+        self.idle_sleep = idle_sleep
+        self.region = region
+        self._slots = threading.Semaphore(self.max_concurrency)
+        self._stop = threading.Event()
+        self._running = threading.Event()  # set = polling, cleared = paused
+        self._running.set()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._counts = dict.fromkeys(
+            (
+                "receives",
+                "empty_receives",
+                "invocations",
+                "errors",
+                "messages",
+                "deleted",
+                "reported_failures",
+            ),
+            0,
+        )
+        self._max_in_flight = 0
+
+    # ---------------------------------------------------------------- control
+
+    def start(self) -> QueuePoller:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"poller-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop receiving and wait up to `timeout` for running invocations; True if they all ended."""
+        self._stop.set()
+        self._running.set()  # a paused loop must wake up to see the stop
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+        return self.wait_idle(timeout)
+
+    def pause(self) -> None:
+        """Stop receiving (running invocations finish). Messages stay in the queue."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no invocation is running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                **self._counts,
+                "in_flight": self._in_flight,
+                "max_in_flight": self._max_in_flight,
+                "paused": self.paused,
+                "max_concurrency": self.max_concurrency,
+                "batch_size": self.batch_size,
+            }
+
+    # ---------------------------------------------------------------- loop
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._running.wait()
+            if self._stop.is_set():
+                break
+            # Receive only with a free invocation slot, as Lambda's poller scales to the cap.
+            if not self._slots.acquire(timeout=0.2):
+                continue
+            if self._stop.is_set() or self.paused:
+                self._slots.release()
+                continue
+            try:
+                messages = self._receive()
+            except Exception:
+                self._slots.release()
+                if not self._stop.is_set():
+                    log.exception("%s: ReceiveMessage failed", self.name)
+                    self._stop.wait(ERROR_SLEEP_SECONDS)
+                continue
+            if not messages:
+                self._slots.release()
+                self._stop.wait(self.idle_sleep)
+                continue
+            with self._lock:
+                self._in_flight += 1
+                self._max_in_flight = max(self._max_in_flight, self._in_flight)
+                self._counts["messages"] += len(messages)
+            # A daemon thread per invocation (not an executor): a hung invocation must not keep
+            # the process from exiting when the stack stops.
+            threading.Thread(
+                target=self._invoke, args=(messages,), name=f"invoke-{self.name}", daemon=True
+            ).start()
+
+    def _receive(self) -> list[dict[str, Any]]:
+        answer = self.sqs.receive_message(
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=self.batch_size,
+            WaitTimeSeconds=0,
+            AttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        )
+        messages = answer.get("Messages") or []
+        with self._lock:
+            self._counts["receives"] += 1
+            if not messages:
+                self._counts["empty_receives"] += 1
+        return messages
+
+    def _invoke(self, messages: list[dict[str, Any]]) -> None:
+        try:
+            event = {"Records": [sqs_record(message, self.queue_arn, self.region) for message in messages]}
+            ids = [record["messageId"] for record in event["Records"]]
+            with self._lock:
+                self._counts["invocations"] += 1
+            try:
+                response = self.handler(event, self.context_factory())
+            except Exception:
+                with self._lock:
+                    self._counts["errors"] += 1
+                log.exception(
+                    "%s: the worker raised; its %d message(s) return after the visibility timeout",
+                    self.name,
+                    len(messages),
+                )
+                return
+            failed = failed_message_ids(response, ids) if self.report_batch_item_failures else set()
+            if failed is None:
+                with self._lock:
+                    self._counts["errors"] += 1
+                log.error(
+                    "%s: invalid batchItemFailures %r; the whole batch counts as failed",
+                    self.name,
+                    response.get("batchItemFailures") if isinstance(response, dict) else response,
+                )
+                return
+            done = [record for record in event["Records"] if record["messageId"] not in failed]
+            with self._lock:
+                self._counts["reported_failures"] += len(failed)
+            self._delete(done)
+        except Exception:
+            log.exception("%s: invocation bookkeeping failed", self.name)
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+            self._slots.release()
+
+    def _delete(self, records: list[dict[str, Any]]) -> None:
+        for start in range(0, len(records), 10):
+            chunk = records[start : start + 10]
+            answer = self.sqs.delete_message_batch(
+                QueueUrl=self.queue_url,
+                Entries=[
+                    {"Id": str(index), "ReceiptHandle": record["receiptHandle"]}
+                    for index, record in enumerate(chunk)
+                ],
+            )
+            deleted = len(answer.get("Successful") or [])
+            with self._lock:
+                self._counts["deleted"] += deleted
+            for failure in answer.get("Failed") or []:
+                log.warning("%s: DeleteMessageBatch failed for an entry: %s", self.name, failure)
+
+
+def scheduled_event(
+    rule_name: str, now: float | None = None, region: str = LOCAL_REGION, account_id: str = LOCAL_ACCOUNT_ID
+) -> dict[str, Any]:
+    """An EventBridge "Scheduled Event", as a schedule rule delivers it."""
+    now = time.time() if now is None else now
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": account_id,
+        "time": dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region,
+        "resources": [f"arn:aws:events:{region}:{account_id}:rule/{rule_name}"],
+        "detail": {},
+    }
+
+
+class ScheduleTimer:
+    """Calls `handler` every `interval` seconds (fixed rate; a slow run skips the ticks it overran)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        handler: Callable[[dict, Any], Any],
+        interval: float,
+        context_factory: Callable[[], Any] | None = None,
+        rule_name: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.handler = handler
+        self.interval = float(interval)
+        self.context_factory = context_factory or (lambda: LambdaContext(name, 128, 60))
+        self.rule_name = rule_name or f"{name}-schedule"
+        self.clock = clock
+        self.runs = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._busy = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ScheduleTimer:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"schedule-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._running.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def run_once(self) -> Any:
+        """One run now (tests); a run already in progress finishes first."""
+        with self._busy:
+            self.runs += 1
+            try:
+                return self.handler(scheduled_event(self.rule_name, self.clock()), self.context_factory())
+            except Exception:
+                self.errors += 1
+                log.exception("schedule %s failed; the next tick runs anyway", self.name)
+                return None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "errors": self.errors,
+            "interval": self.interval,
+            "paused": not self._running.is_set(),
+        }
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic() + self.interval
+        while not self._stop.wait(max(0.0, next_tick - time.monotonic())):
+            self._running.wait()
+            if self._stop.is_set():
+                break
+            self.run_once()
+            next_tick += self.interval
+            now = time.monotonic()
+            if next_tick < now:  # overran: skip the missed ticks, as a rate schedule would
+                next_tick = now + self.interval - (now - next_tick) % self.interval

@@ -1,0 +1,640 @@
+"""The local stack: the whole service on one machine, in one process, without Docker.
+
+`freeinference-batch dev` (`make dev`) runs `run_local_stack()`; tests may use `LocalStack`
+in-process. Everything comes from `template.yaml`: the tables, queues and bucket are created on
+a moto server from their `Properties`; the functions' environment is the template's
+`Globals.Function.Environment.Variables` with every `Ref`/`Fn::GetAtt`/`Fn::Sub` resolved as
+CloudFormation would; the API routes, SQS event mappings and schedules are the functions'
+`Events`. So a change to the template is a change to the local stack, with no second copy.
+
+Environment precedence: values that name a created resource (table names, queue URLs) always
+come from the stack; any other template variable already set in the environment (BATCH_*,
+UPSTREAM_*, ...) wins over its template default, which is how tests pass short durations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from freeinference_batch.local.handlers import (
+    LOCAL_ACCOUNT_ID,
+    LOCAL_REGION,
+    LOCAL_STACK_NAME,
+    FunctionSpec,
+    functions_from_template,
+    repo_root,
+)
+from freeinference_batch.local.template import load_template
+
+log = logging.getLogger("freeinference_batch.local")
+
+DEFAULT_PORT = 8080
+DEV_ACCOUNT_ID = "dev"
+DEV_KEY_ENV = "FREEINFERENCE_DEV_KEY"
+_SUPPORTED_TYPES = ("AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::S3::Bucket")
+_PSEUDO = {
+    "AWS::Region": LOCAL_REGION,
+    "AWS::AccountId": LOCAL_ACCOUNT_ID,
+    "AWS::StackName": LOCAL_STACK_NAME,
+    "AWS::StackId": f"arn:aws:cloudformation:{LOCAL_REGION}:{LOCAL_ACCOUNT_ID}:stack/{LOCAL_STACK_NAME}/0",
+    "AWS::Partition": "aws",
+    "AWS::URLSuffix": "amazonaws.com",
+}
+# Attribute names of SQS queue properties that pass through as-is (CloudFormation -> SetQueueAttributes).
+_QUEUE_ATTRIBUTES = (
+    "ContentBasedDeduplication",
+    "DeduplicationScope",
+    "DelaySeconds",
+    "FifoQueue",
+    "FifoThroughputLimit",
+    "KmsDataKeyReusePeriodSeconds",
+    "KmsMasterKeyId",
+    "MaximumMessageSize",
+    "MessageRetentionPeriod",
+    "ReceiveMessageWaitTimeSeconds",
+    "SqsManagedSseEnabled",
+    "VisibilityTimeout",
+)
+_SUB_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+
+
+# ---------------------------------------------------------------- resources from the template
+
+
+class TemplateResources:
+    """Creates the template's tables, queues and buckets on demand and resolves intrinsics to them.
+
+    `resolve()` creates a resource the first time something refers to it, so a queue's dead-letter
+    queue exists before the queue's RedrivePolicy names its ARN, with no dependency sorting.
+    """
+
+    def __init__(self, template: dict[str, Any], clients: dict[str, Any], stack_name: str = LOCAL_STACK_NAME):
+        self.template = template
+        self.resources: dict[str, dict[str, Any]] = template.get("Resources") or {}
+        self.parameters: dict[str, dict[str, Any]] = template.get("Parameters") or {}
+        self.clients = clients
+        self.stack_name = stack_name
+        self.physical: dict[str, dict[str, Any]] = {}  # logical id -> {"Ref": ..., attribute: ...}
+        self._creating: set[str] = set()
+
+    def create_all(self) -> dict[str, dict[str, Any]]:
+        for logical_id, resource in self.resources.items():
+            if resource.get("Type") in _SUPPORTED_TYPES:
+                self.ensure(logical_id)
+        return self.physical
+
+    def ensure(self, logical_id: str) -> dict[str, Any]:
+        if logical_id in self.physical:
+            return self.physical[logical_id]
+        resource = self.resources.get(logical_id)
+        if resource is None:
+            raise KeyError(f"template has no resource {logical_id!r}")
+        kind = resource.get("Type")
+        if kind not in _SUPPORTED_TYPES:
+            raise ValueError(
+                f"the local stack cannot create {logical_id} ({kind}); only {', '.join(_SUPPORTED_TYPES)}"
+            )
+        if logical_id in self._creating:
+            raise ValueError(f"circular reference through {logical_id}")
+        if "Condition" in resource:
+            log.warning("%s has a Condition; the local stack creates it regardless", logical_id)
+        self._creating.add(logical_id)
+        try:
+            properties = self.resolve(resource.get("Properties") or {})
+            create = {
+                "AWS::DynamoDB::Table": self._table,
+                "AWS::SQS::Queue": self._queue,
+                "AWS::S3::Bucket": self._bucket,
+            }[kind]
+            self.physical[logical_id] = create(logical_id, properties)
+        finally:
+            self._creating.discard(logical_id)
+        log.debug("created %s: %s", logical_id, self.physical[logical_id]["Ref"])
+        return self.physical[logical_id]
+
+    def _name(self, logical_id: str, limit: int) -> str:
+        return f"{self.stack_name}-{logical_id}"[:limit]
+
+    def _table(self, logical_id: str, properties: dict[str, Any]) -> dict[str, Any]:
+        name = properties.get("TableName") or self._name(logical_id, 255)
+        request: dict[str, Any] = {
+            "TableName": name,
+            "KeySchema": properties["KeySchema"],
+            "AttributeDefinitions": properties["AttributeDefinitions"],
+            "BillingMode": properties.get("BillingMode", "PROVISIONED"),
+        }
+        if request["BillingMode"] == "PROVISIONED":
+            request["ProvisionedThroughput"] = properties.get(
+                "ProvisionedThroughput", {"ReadCapacityUnits": 5, "WriteCapacityUnits": 5}
+            )
+        if properties.get("GlobalSecondaryIndexes"):
+            request["GlobalSecondaryIndexes"] = [
+                {
+                    key: index[key]
+                    for key in ("IndexName", "KeySchema", "Projection", "ProvisionedThroughput")
+                    if key in index
+                }
+                for index in properties["GlobalSecondaryIndexes"]
+            ]
+        if properties.get("LocalSecondaryIndexes"):
+            request["LocalSecondaryIndexes"] = [
+                {key: index[key] for key in ("IndexName", "KeySchema", "Projection") if key in index}
+                for index in properties["LocalSecondaryIndexes"]
+            ]
+        if properties.get("StreamSpecification"):
+            request["StreamSpecification"] = {"StreamEnabled": True, **properties["StreamSpecification"]}
+        dynamodb = self.clients["dynamodb"]
+        description = dynamodb.create_table(**request)["TableDescription"]
+        ttl = properties.get("TimeToLiveSpecification")
+        if ttl and _truthy(ttl.get("Enabled")):
+            dynamodb.update_time_to_live(
+                TableName=name,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": ttl["AttributeName"]},
+            )
+        return {
+            "Ref": name,
+            "Arn": description["TableArn"],
+            "StreamArn": description.get("LatestStreamArn", ""),
+        }
+
+    def _queue(self, logical_id: str, properties: dict[str, Any]) -> dict[str, Any]:
+        fifo = _truthy(properties.get("FifoQueue"))
+        name = properties.get("QueueName") or self._name(logical_id, 75 if fifo else 80) + (
+            ".fifo" if fifo else ""
+        )
+        attributes = {key: _attribute(properties[key]) for key in _QUEUE_ATTRIBUTES if key in properties}
+        for key in ("RedrivePolicy", "RedriveAllowPolicy"):
+            if key in properties:
+                value = properties[key]
+                attributes[key] = value if isinstance(value, str) else json.dumps(value)
+        sqs = self.clients["sqs"]
+        url = sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        return {"Ref": url, "Arn": arn, "QueueName": name, "QueueUrl": url}
+
+    def _bucket(self, logical_id: str, properties: dict[str, Any]) -> dict[str, Any]:
+        name = properties.get("BucketName") or re.sub(r"[^a-z0-9.-]", "-", self._name(logical_id, 63).lower())
+        self.clients["s3"].create_bucket(Bucket=name)
+        return {
+            "Ref": name,
+            "Arn": f"arn:aws:s3:::{name}",
+            "DomainName": f"{name}.s3.amazonaws.com",
+            "RegionalDomainName": f"{name}.s3.{LOCAL_REGION}.amazonaws.com",
+        }
+
+    # ------------------------------------------------------------ intrinsics
+
+    def resolve(self, value: Any, used: set[str] | None = None) -> Any:
+        """`value` with intrinsics resolved; logical ids of resources it refers to are added to `used`."""
+        if isinstance(value, list):
+            return [self.resolve(item, used) for item in value]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            ((key, argument),) = value.items()
+            if key == "Ref":
+                return self._ref(argument, used)
+            if key == "Fn::GetAtt":
+                resource, attribute = argument.split(".", 1) if isinstance(argument, str) else argument
+                return self._get_att(resource, attribute, used)
+            if key == "Fn::Sub":
+                return self._sub(argument, used)
+            if key == "Fn::Join":
+                delimiter, items = argument
+                return str(delimiter).join(_env_string(item) for item in self.resolve(items, used))
+            if key == "Fn::Select":
+                index, items = argument
+                return self.resolve(items, used)[int(self.resolve(index, used))]
+            if key.startswith("Fn::"):
+                raise ValueError(
+                    f"the local stack does not resolve {key}; keep local-stack properties literal"
+                )
+        return {key: self.resolve(item, used) for key, item in value.items()}
+
+    def _ref(self, name: str, used: set[str] | None) -> Any:
+        if name in _PSEUDO:
+            return _PSEUDO[name]
+        if name in self.parameters:
+            return self.parameters[name].get("Default", "")
+        if used is not None:
+            used.add(name)
+        return self.ensure(name)["Ref"]
+
+    def _get_att(self, resource: str, attribute: str, used: set[str] | None) -> Any:
+        if used is not None:
+            used.add(resource)
+        physical = self.ensure(resource)
+        if attribute not in physical:
+            raise ValueError(f"the local stack has no {resource}.{attribute}")
+        return physical[attribute]
+
+    def _sub(self, argument: Any, used: set[str] | None) -> str:
+        text, variables = (argument, {}) if isinstance(argument, str) else argument
+        values = {name: self.resolve(item, used) for name, item in variables.items()}
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name.startswith("!"):
+                return "${" + name[1:] + "}"
+            if name in values:
+                return _env_string(values[name])
+            if "." in name and name.split(".", 1)[0] not in self.parameters:
+                return _env_string(self._get_att(*name.split(".", 1), used))
+            return _env_string(self._ref(name, used))
+
+        return _SUB_VARIABLE.sub(replace, text)
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def _attribute(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _env_string(value: Any) -> str:
+    """How CloudFormation renders a value in a string (environment variables are strings)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def template_environment(
+    template: dict[str, Any], resources: TemplateResources
+) -> tuple[dict[str, str], set[str]]:
+    """Globals.Function.Environment.Variables resolved, and the names whose values name a resource."""
+    variables = ((template.get("Globals") or {}).get("Function") or {}).get("Environment", {}).get(
+        "Variables"
+    ) or {}
+    env, from_resources = {}, set()
+    for name, value in variables.items():
+        used: set[str] = set()
+        env[name] = _env_string(resources.resolve(value, used))
+        if used:
+            from_resources.add(name)
+    return env, from_resources
+
+
+def _settings_env_names() -> set[str]:
+    from freeinference_batch.settings import Settings
+
+    return {field.alias for field in Settings.model_fields.values() if field.alias}
+
+
+# ---------------------------------------------------------------- the stack
+
+
+class LocalStack:
+    """The whole service in this process: moto, resources, upstream, pollers, schedules, API.
+
+    `start()` returns self; `stop()` undoes everything (including the environment it set);
+    usable as a context manager. After start: `base_url` ("http://127.0.0.1:PORT/v1"),
+    `dev_key` (an internal-tier key of the account "dev"), `env` (every variable it applied),
+    `pollers` / `timers` (by function logical id), `moto_endpoint`, `upstream` (None if
+    UPSTREAM_BASE_URL was given).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        template_path: str | Path | None = None,
+        root: str | Path | None = None,
+        state_dir: str | Path | None = None,
+        write_state_file: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = Path(root) if root else repo_root()
+        self.template_path = Path(template_path) if template_path else self.root / "template.yaml"
+        self.host = host
+        self.port = port
+        self.state_dir = Path(state_dir) if state_dir else Path.cwd()
+        self.write_state_file = write_state_file
+        self.extra_env = dict(env or {})
+        self.base_url = ""
+        self.dev_key = ""
+        self.env: dict[str, str] = {}
+        self.moto_endpoint = ""
+        self.moto: Any = None
+        self.upstream: Any = None
+        self.api: Any = None
+        self.functions: dict[str, FunctionSpec] = {}
+        self.pollers: dict[str, Any] = {}
+        self.timers: dict[str, Any] = {}
+        self.started_in: float | None = None
+        self._saved_env: dict[str, str | None] = {}
+        self._state_written = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> LocalStack:
+        started = time.perf_counter()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.perf_counter() - started
+        log.info(
+            "local stack ready in %.2f s: API %s, moto %s, upstream %s",
+            self.started_in,
+            self.base_url,
+            self.moto_endpoint,
+            self.env.get("UPSTREAM_BASE_URL"),
+        )
+        return self
+
+    def _start(self) -> None:
+        import boto3
+
+        from freeinference_batch.local.apigw import ApiGatewayServer, routes_from_functions
+        from freeinference_batch.local.moto_server import MotoServer
+
+        self._set_env(self.extra_env)
+        template = load_template(self.template_path)
+
+        self.moto = MotoServer(host=self.host)
+        self.moto_endpoint = self.moto.start()
+        aws_env = {
+            "AWS_ENDPOINT_URL": self.moto_endpoint,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": LOCAL_REGION,
+            "AWS_REGION": LOCAL_REGION,
+        }
+        # Never reach a real account: drop whatever could point boto3 elsewhere.
+        for name in [*os.environ]:
+            if name in {"AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SECURITY_TOKEN"} or (
+                name.startswith("AWS_ENDPOINT_URL_")
+            ):
+                self._unset_env(name)
+        self._set_env(aws_env)
+
+        session = boto3.session.Session(
+            region_name=LOCAL_REGION, aws_access_key_id="test", aws_secret_access_key="test"
+        )
+        clients = {
+            name: session.client(name, endpoint_url=self.moto_endpoint) for name in ("dynamodb", "sqs", "s3")
+        }
+        resources = TemplateResources(template, clients)
+        resources.create_all()
+        template_env, from_resources = template_environment(template, resources)
+        env = {}
+        for name, value in template_env.items():
+            env[name] = os.environ[name] if name not in from_resources and name in os.environ else value
+
+        if os.environ.get("UPSTREAM_BASE_URL"):
+            env["UPSTREAM_BASE_URL"] = os.environ["UPSTREAM_BASE_URL"]
+        else:
+            from freeinference_batch.local.upstream_sim import UpstreamSimulator
+
+            self.upstream = UpstreamSimulator()
+            env["UPSTREAM_BASE_URL"] = self.upstream.start(self.host)
+        # No X-Ray daemon here; the rest of Powertools (logs, metrics) runs as on Lambda.
+        env.setdefault("POWERTOOLS_TRACE_DISABLED", os.environ.get("POWERTOOLS_TRACE_DISABLED", "true"))
+        self._set_env(env)
+        for name in sorted(_settings_env_names()):  # settings the template does not set pass straight through
+            if name in os.environ and name not in env:
+                env[name] = os.environ[name]
+        self.env = {**aws_env, **env}
+        self._refresh_cached_config()
+
+        from freeinference_batch import accounts
+        from freeinference_batch.settings import get_settings
+
+        self.dev_key = accounts.create_key(
+            get_settings(), DEV_ACCOUNT_ID, tier="internal", key=os.environ.get(DEV_KEY_ENV) or None
+        )
+
+        self.functions = functions_from_template(template, self.root)
+        self._warn_per_function_env(template)
+        for spec in self.functions.values():
+            _ = spec.handler  # import every handler now: a broken one fails the start, not a request
+        self._start_pollers(resources, clients["sqs"])
+        self._start_timers()
+
+        port = self.port if self.port is not None else int(os.environ.get("PORT") or DEFAULT_PORT)
+        routes = routes_from_functions(self.functions.values())
+        self.api = ApiGatewayServer(routes, host=self.host, port=port)
+        self.base_url = self.api.start() + "/v1"
+        if self.write_state_file:
+            from freeinference_batch.local.state import write_state
+
+            write_state(self.env, self.base_url, self.state_dir)
+            self._state_written = True
+
+    def _start_pollers(self, resources: TemplateResources, sqs: Any) -> None:
+        from freeinference_batch.local.pollers import QueuePoller
+
+        urls_by_arn = {
+            physical["Arn"]: physical["QueueUrl"]
+            for physical in resources.physical.values()
+            if "QueueUrl" in physical
+        }
+        for spec in self.functions.values():
+            for event_name, properties in spec.events("SQS").items():
+                if not _truthy(properties.get("Enabled", True)):
+                    continue
+                arn = resources.resolve(properties["Queue"])
+                reserved = spec.properties.get("ReservedConcurrentExecutions")
+                cap = (properties.get("ScalingConfig") or {}).get("MaximumConcurrency") or reserved or 5
+                if reserved:
+                    cap = min(int(cap), int(reserved))
+                name = spec.logical_id if len(spec.events("SQS")) == 1 else f"{spec.logical_id}.{event_name}"
+                self.pollers[name] = QueuePoller(
+                    name=name,
+                    sqs=sqs,
+                    queue_url=urls_by_arn[arn],
+                    queue_arn=arn,
+                    handler=spec.handler,
+                    batch_size=int(properties.get("BatchSize", 10)),
+                    max_concurrency=int(cap),
+                    report_batch_item_failures="ReportBatchItemFailures"
+                    in (properties.get("FunctionResponseTypes") or ()),
+                    context_factory=spec.context,
+                ).start()
+
+    def _start_timers(self) -> None:
+        from freeinference_batch import clock
+        from freeinference_batch.local.pollers import ScheduleTimer
+        from freeinference_batch.settings import get_settings
+
+        settings = get_settings()
+        for spec in self.functions.values():
+            schedules = {**spec.events("Schedule"), **spec.events("ScheduleV2")}
+            for event_name, properties in schedules.items():
+                if not _truthy(properties.get("Enabled", True)) or properties.get("State") == "DISABLED":
+                    continue
+                self.timers[spec.logical_id] = ScheduleTimer(
+                    name=spec.logical_id,
+                    handler=spec.handler,
+                    interval=settings.batch_schedule_seconds,
+                    context_factory=spec.context,
+                    rule_name=f"{LOCAL_STACK_NAME}-{spec.logical_id}{event_name}",
+                    clock=lambda: clock.now(get_settings().clock_offset_file),
+                ).start()
+
+    def _warn_per_function_env(self, template: dict[str, Any]) -> None:
+        # One process has one environment: a function's own variables cannot apply to it alone.
+        # Only those that change a setting matter (WORKER_MODEL-style labels are harmless).
+        function_globals = (template.get("Globals") or {}).get("Function") or {}
+        globals_env = (function_globals.get("Environment") or {}).get("Variables") or {}
+        settings_names = _settings_env_names()
+        for logical_id in self.functions:
+            properties = template["Resources"][logical_id].get("Properties") or {}
+            own = (properties.get("Environment") or {}).get("Variables") or {}
+            clashing = sorted(
+                name for name in own if name in settings_names and own[name] != globals_env.get(name)
+            )
+            if clashing:
+                log.warning(
+                    "%s sets %s itself; the local stack runs every function with the global value",
+                    logical_id,
+                    ", ".join(clashing),
+                )
+
+    def stop(self) -> None:
+        """Stop taking requests, let running invocations finish (briefly), then tear down."""
+        if self.api is not None:
+            with _logged("API server"):
+                self.api.stop()
+            self.api = None
+        for component in [*self.timers.values(), *self.pollers.values()]:
+            component.pause()
+        for component in [*self.timers.values(), *self.pollers.values()]:
+            with _logged(f"{component.name}"):
+                component.stop(timeout=5)
+        self.timers, self.pollers = {}, {}
+        if self.upstream is not None:
+            with _logged("upstream simulator"):
+                self.upstream.stop()
+            self.upstream = None
+        if self.moto is not None:
+            with _logged("moto server"):
+                self.moto.stop()
+            self.moto = None
+        if self._state_written:
+            from freeinference_batch.local.state import remove_state
+
+            remove_state(self.state_dir)
+            self._state_written = False
+        self._restore_env()
+
+    # ------------------------------------------------------------ helpers
+
+    def pause_workers(self) -> None:
+        for poller in self.pollers.values():
+            poller.pause()
+
+    def resume_workers(self) -> None:
+        for poller in self.pollers.values():
+            poller.resume()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pollers": {name: poller.stats() for name, poller in self.pollers.items()},
+            "timers": {name: timer.stats() for name, timer in self.timers.items()},
+            "moto_requests": self.moto.app.requests if self.moto is not None and self.moto.app else 0,
+        }
+
+    def _set_env(self, values: dict[str, str]) -> None:
+        for name, value in values.items():
+            self._saved_env.setdefault(name, os.environ.get(name))
+            os.environ[name] = str(value)
+
+    def _unset_env(self, name: str) -> None:
+        self._saved_env.setdefault(name, os.environ.get(name))
+        os.environ.pop(name, None)
+
+    def _restore_env(self) -> None:
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
+        self._refresh_cached_config()
+
+    @staticmethod
+    def _refresh_cached_config() -> None:
+        from freeinference_batch import aws
+        from freeinference_batch.settings import get_settings
+
+        get_settings.cache_clear()
+        aws.reset_clients()
+
+
+@contextlib.contextmanager
+def _logged(what: str):
+    try:
+        yield
+    except Exception:
+        log.exception("stopping %s failed", what)
+
+
+# ---------------------------------------------------------------- `freeinference-batch dev`
+
+
+def run_local_stack() -> None:
+    """Run the local stack in the foreground until SIGINT/SIGTERM; exit normally (code 0) then.
+
+    stdout gets exactly one line, the base URL and the dev key (the e2e tests read it); all
+    logs, the handlers' included (Powertools logs and metrics write to stdout), go to stderr.
+    """
+    logging.basicConfig(
+        level=os.environ.get("LOCAL_STACK_LOG_LEVEL", "INFO").upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():  # a second Ctrl-C while stopping: leave at once
+            os._exit(128 + signum)
+        log.info("%s: stopping the local stack", signal.Signals(signum).name)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, on_signal)
+
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)  # fd 1 is stderr from now on: only our one line reaches the real stdout
+    stack = LocalStack()
+    try:
+        stack.start()
+        if not stop.is_set():
+            line = f"FreeInference Batch local stack on {stack.base_url} — dev key: {stack.dev_key}\n"
+            os.write(real_stdout, line.encode("utf-8"))
+        while not stop.wait(0.5):
+            pass
+    finally:
+        stack.stop()
+        log.info("local stack stopped")
+        sys.stdout.flush()
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,273 @@
+"""The local SQS event mappings and schedule timers, on a real moto server, with fake handlers."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+
+import boto3
+import pytest
+from freeinference_batch.local.moto_server import MotoServer
+from freeinference_batch.local.pollers import QueuePoller, ScheduleTimer, failed_message_ids, sqs_record
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    with MotoServer() as server:
+        yield server.endpoint_url
+
+
+@pytest.fixture
+def sqs(moto_endpoint):
+    return boto3.client(
+        "sqs",
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+
+
+@pytest.fixture
+def queue(sqs):
+    url = sqs.create_queue(QueueName=f"q-{uuid.uuid4().hex[:12]}", Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    return url, arn
+
+
+@pytest.fixture
+def pollers():
+    started: list[QueuePoller] = []
+    yield started
+    for poller in started:
+        poller.stop(timeout=5)
+
+
+def wait_for(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def messages_left(sqs, url) -> int:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+def send(sqs, url, bodies):
+    for start in range(0, len(bodies), 10):
+        sqs.send_message_batch(
+            QueueUrl=url,
+            Entries=[{"Id": str(i), "MessageBody": body} for i, body in enumerate(bodies[start : start + 10])],
+        )
+
+
+def start_poller(pollers, sqs, queue, handler, **kwargs) -> QueuePoller:
+    url, arn = queue
+    poller = QueuePoller(name="test", sqs=sqs, queue_url=url, queue_arn=arn, handler=handler, **kwargs)
+    pollers.append(poller.start())
+    return poller
+
+
+def test_event_records_are_shaped_as_lambda_builds_them(sqs, queue, pollers):
+    # Given a message with a string and a binary attribute
+    url, arn = queue
+    sqs.send_message(
+        QueueUrl=url,
+        MessageBody='{"batch_id": "b"}',
+        MessageAttributes={
+            "kind": {"DataType": "String", "StringValue": "request"},
+            "blob": {"DataType": "Binary", "BinaryValue": b"\x00\x01"},
+        },
+    )
+    events = []
+    # When the poller invokes the worker
+    start_poller(pollers, sqs, queue, lambda event, context: events.append(event) or {"batchItemFailures": []})
+    wait_for(lambda: events, what="an invocation")
+    # Then the record has every field Lambda sends
+    (record,) = events[0]["Records"]
+    assert record["body"] == '{"batch_id": "b"}'
+    assert record["md5OfBody"] == hashlib.md5(b'{"batch_id": "b"}').hexdigest()
+    assert record["eventSource"] == "aws:sqs" and record["eventSourceARN"] == arn
+    assert record["awsRegion"] == "us-east-1"
+    assert record["messageId"] and record["receiptHandle"]
+    assert {"ApproximateReceiveCount", "SentTimestamp", "SenderId", "ApproximateFirstReceiveTimestamp"} <= set(
+        record["attributes"]
+    )
+    assert record["attributes"]["ApproximateReceiveCount"] == "1"
+    assert record["messageAttributes"]["kind"] == {
+        "stringValue": "request",
+        "stringListValues": [],
+        "binaryListValues": [],
+        "dataType": "String",
+    }
+    assert record["messageAttributes"]["blob"]["binaryValue"] == "AAE="
+    assert list(record)[-3:] == ["eventSource", "eventSourceARN", "awsRegion"]
+
+
+def test_messages_are_deleted_unless_reported_in_batch_item_failures(sqs, queue, pollers):
+    # Given 25 messages, 5 of which the worker reports as failed
+    url, _ = queue
+    bodies = [f"fail-{i}" if i % 5 == 0 else f"ok-{i}" for i in range(25)]
+    send(sqs, url, bodies)
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def handler(event, context):
+        with lock:
+            seen.extend(record["body"] for record in event["Records"])
+        return {
+            "batchItemFailures": [
+                {"itemIdentifier": record["messageId"]}
+                for record in event["Records"]
+                if record["body"].startswith("fail")
+            ]
+        }
+
+    # When the poller has run them all
+    poller = start_poller(pollers, sqs, queue, handler, batch_size=10, max_concurrency=2)
+    wait_for(lambda: len(seen) >= 25, what="all messages")
+    poller.pause()
+    assert poller.wait_idle(5)
+    # Then only the 5 reported messages are left (in flight until their visibility timeout)
+    assert sorted(seen) == sorted(bodies)
+    assert messages_left(sqs, url) == 5
+    stats = poller.stats()
+    assert stats["deleted"] == 20 and stats["reported_failures"] == 5 and stats["messages"] == 25
+
+
+def test_batch_size_is_respected(sqs, queue, pollers):
+    url, _ = queue
+    send(sqs, url, [str(i) for i in range(9)])
+    sizes = []
+    poller = start_poller(
+        pollers, sqs, queue, lambda event, context: sizes.append(len(event["Records"])), batch_size=2, max_concurrency=1
+    )
+    wait_for(lambda: sum(sizes) >= 9, what="all messages")
+    assert max(sizes) <= 2
+    poller.pause()
+    assert poller.wait_idle(5)
+    assert messages_left(sqs, url) == 0  # a None answer means every record succeeded
+
+
+def test_concurrency_cap_is_respected(sqs, queue, pollers):
+    # Given 24 messages, one per invocation, and a slow worker
+    url, _ = queue
+    send(sqs, url, [str(i) for i in range(24)])
+    lock = threading.Lock()
+    running = {"now": 0, "max": 0, "done": 0}
+
+    def handler(event, context):
+        with lock:
+            running["now"] += 1
+            running["max"] = max(running["max"], running["now"])
+        time.sleep(0.15)
+        with lock:
+            running["now"] -= 1
+            running["done"] += len(event["Records"])
+        return {"batchItemFailures": []}
+
+    # When the mapping allows 3 concurrent invocations
+    poller = start_poller(pollers, sqs, queue, handler, batch_size=1, max_concurrency=3)
+    wait_for(lambda: running["done"] >= 24, timeout=20, what="all messages")
+    # Then never more than 3 ran at once, and the cap was used
+    assert running["max"] == 3
+    assert poller.stats()["max_in_flight"] == 3
+
+
+def test_a_raising_worker_deletes_nothing(sqs, queue, pollers, caplog):
+    # Given a worker that crashes
+    url, _ = queue
+    send(sqs, url, [str(i) for i in range(7)])
+    calls = []
+
+    def handler(event, context):
+        calls.append(len(event["Records"]))
+        raise RuntimeError("worker crashed")
+
+    # When it has received every message once
+    poller = start_poller(pollers, sqs, queue, handler, batch_size=10, max_concurrency=1)
+    wait_for(lambda: sum(calls) >= 7, what="the messages")
+    poller.pause()
+    assert poller.wait_idle(5)
+    # Then all 7 are still in the queue, and the crash was logged
+    assert messages_left(sqs, url) == 7
+    assert poller.stats()["errors"] >= 1 and poller.stats()["deleted"] == 0
+    assert "worker crashed" in caplog.text
+
+
+def test_invalid_item_identifier_fails_the_whole_batch(sqs, queue, pollers):
+    url, _ = queue
+    send(sqs, url, ["a", "b", "c"])
+    calls = []
+
+    def handler(event, context):
+        calls.append(len(event["Records"]))
+        return {"batchItemFailures": [{"itemIdentifier": "not-a-message-of-this-batch"}]}
+
+    poller = start_poller(pollers, sqs, queue, handler, batch_size=10, max_concurrency=1)
+    wait_for(lambda: sum(calls) >= 3, what="the messages")
+    poller.pause()
+    assert poller.wait_idle(5)
+    assert messages_left(sqs, url) == 3
+
+
+def test_failed_message_ids_follows_lambda_rules():
+    ids = ["m1", "m2"]
+    assert failed_message_ids(None, ids) == set()
+    assert failed_message_ids({}, ids) == set()
+    assert failed_message_ids({"batchItemFailures": []}, ids) == set()
+    assert failed_message_ids({"batchItemFailures": [{"itemIdentifier": "m2"}]}, ids) == {"m2"}
+    assert failed_message_ids({"batchItemFailures": [{"itemIdentifier": ""}]}, ids) is None
+    assert failed_message_ids({"batchItemFailures": [{}]}, ids) is None
+    assert failed_message_ids({"batchItemFailures": [{"itemIdentifier": "m9"}]}, ids) is None
+
+
+def test_pause_stops_receiving_and_resume_continues(sqs, queue, pollers):
+    url, _ = queue
+    seen = []
+    poller = start_poller(pollers, sqs, queue, lambda event, context: seen.extend(event["Records"]))
+    poller.pause()
+    time.sleep(0.1)
+    send(sqs, url, ["x", "y"])
+    time.sleep(0.3)
+    assert seen == [] and messages_left(sqs, url) == 2
+    poller.resume()
+    wait_for(lambda: len(seen) == 2, what="the messages after resume")
+
+
+def test_sqs_record_without_attributes():
+    record = sqs_record({"MessageId": "m", "ReceiptHandle": "r", "Body": "b", "MD5OfBody": "x"}, "arn:q")
+    assert record["attributes"] == {} and record["messageAttributes"] == {}
+    assert record["eventSourceARN"] == "arn:q"
+
+
+def test_schedule_timer_fires_repeatedly_with_a_scheduled_event_and_survives_errors():
+    # Given a schedule handler that fails on its first run
+    events = []
+
+    def handler(event, context):
+        events.append(event)
+        if len(events) == 1:
+            raise RuntimeError("first run fails")
+
+    # When the timer runs with a short interval
+    timer = ScheduleTimer(name="SweepFunction", handler=handler, interval=0.05, rule_name="rule-x").start()
+    try:
+        wait_for(lambda: len(events) >= 3, what="three ticks")
+    finally:
+        timer.stop()
+    # Then it kept ticking, with EventBridge's Scheduled Event payload
+    event = events[0]
+    assert event["detail-type"] == "Scheduled Event" and event["source"] == "aws.events"
+    assert event["resources"] == ["arn:aws:events:us-east-1:123456789012:rule/rule-x"]
+    assert event["detail"] == {} and event["version"] == "0" and event["time"].endswith("Z")
+    assert timer.errors == 1 and timer.runs >= 3
