@@ -1,0 +1,88 @@
+"""The local stack itself: start-up, its one stdout line, the state file, the admin CLI, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_prints_one_line_with_the_base_url_and_the_dev_key(stack):
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", stack.base_url)
+    assert stack.key.startswith("hyi-")
+    assert stack.base_url in stack.first_line and stack.key in stack.first_line
+    assert stack.first_line.endswith("\n") and stack.first_line.count("\n") == 1
+
+
+def test_unauthenticated_list_is_401(stack):
+    answer = stack.api(key="").get("/batches")
+    assert answer.status_code == 401
+    assert answer.json()["error"]["type"] == "authentication_error"
+
+
+def test_dev_key_lists_batches(api):
+    answer = api.get("/batches")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["object"] == "list"
+
+
+def test_unknown_route_is_api_gateway_404(api):
+    answer = api.get("/nothing-here")
+    assert answer.status_code == 404 and answer.json() == {"message": "Not Found"}
+
+
+def test_state_file_describes_the_running_stack(stack):
+    # Given the running stack's state file
+    state = json.loads(stack.state_file.read_text())
+    env = state["env"]
+    # Then it names this stack, its moto endpoint and the resources made from the template
+    assert state["base_url"] == stack.base_url and state["pid"] == stack.proc.pid
+    assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    assert env["AWS_ACCESS_KEY_ID"] == "test"
+    assert env["BATCH_TABLE_NAME"].endswith("BatchTable") and env["ACCOUNTS_TABLE_NAME"].endswith("AccountsTable")
+    queues = json.loads(env["MODEL_QUEUE_URLS"])
+    assert set(queues) == {"glm-5.3-flash", "qwen3.6-35b"}
+    assert all(url.startswith(env["AWS_ENDPOINT_URL"]) for url in queues.values())
+    # Settings given to the process pass straight through; an upstream is configured.
+    assert env["BATCH_SCHEDULE_SECONDS"] == "1"
+    assert env["UPSTREAM_BASE_URL"].startswith("http://127.0.0.1:")
+
+
+def test_admin_cli_creates_keys_against_the_running_stack(stack):
+    # When the admin CLI creates a key from the stack's directory
+    key = stack.create_key("e2e-admin-account", tier="internal")
+    # Then the stack accepts it, and it sees only its own (empty) list
+    answer = stack.api(key).get("/batches")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["data"] == []
+
+
+def test_env_overrides_reach_the_stack(start_stack, tmp_path):
+    # Given a stack started with its own limit on requests per batch
+    own = start_stack(tmp_path, BATCH_MAX_REQUESTS="2")
+    state = json.loads(own.state_file.read_text())
+    # Then that value wins over the template's default
+    assert state["env"]["BATCH_MAX_REQUESTS"] == "2"
+
+
+def test_ctrl_c_stops_cleanly_and_removes_the_state_file(start_stack, tmp_path):
+    # Given a running stack that has served a request
+    own = start_stack(tmp_path)
+    assert own.state_file.is_file()
+    assert own.api().get("/batches").status_code == 200
+    # When it gets SIGINT
+    code = own.stop()
+    # Then it exits 0, leaves no state file and printed nothing after its one line
+    assert code == 0, own.stderr_text()[-5000:]
+    assert not own.state_file.exists()
+    assert own.stdout_after_first_line == ""
+    assert "local stack stopped" in own.stderr_text()
+
+
+def test_fixed_dev_key_from_the_environment(start_stack, tmp_path):
+    own = start_stack(tmp_path, FREEINFERENCE_DEV_KEY="hyi-e2e-fixed-dev-key-0123456789")
+    assert own.key == "hyi-e2e-fixed-dev-key-0123456789"
+    assert own.api().get("/batches").status_code == 200
