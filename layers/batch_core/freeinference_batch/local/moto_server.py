@@ -88,9 +88,7 @@ class MotoServer:
         # werkzeug logs every request at INFO; the local stack's own logs are what matter.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.app = SerializedWsgiApp(DomainDispatcherApplication(create_backend_app))
-        self._server = make_server(
-            self.host, self.port, self.app, threaded=True, request_handler=MotoRequestHandler
-        )
+        self._server = make_server(self.host, self.port, self.app, threaded=True, request_handler=MotoRequestHandler)
         self._server.daemon_threads = True
         self.port = self._server.server_port
         self._thread = threading.Thread(

@@ -43,8 +43,7 @@ def sqs_record(message: dict[str, Any], queue_arn: str, region: str = LOCAL_REGI
         "body": message.get("Body", ""),
         "attributes": {name: str(value) for name, value in (message.get("Attributes") or {}).items()},
         "messageAttributes": {
-            name: _message_attribute(value)
-            for name, value in (message.get("MessageAttributes") or {}).items()
+            name: _message_attribute(value) for name, value in (message.get("MessageAttributes") or {}).items()
         },
         "md5OfBody": message.get("MD5OfBody") or hashlib.md5(message.get("Body", "").encode()).hexdigest(),
     }
@@ -223,9 +222,7 @@ class QueuePoller:
                 self._counts["messages"] += len(messages)
             # A daemon thread per invocation (not an executor): a hung invocation must not keep
             # the process from exiting when the stack stops.
-            threading.Thread(
-                target=self._invoke, args=(messages,), name=f"invoke-{self.name}", daemon=True
-            ).start()
+            threading.Thread(target=self._invoke, args=(messages,), name=f"invoke-{self.name}", daemon=True).start()
 
     def _receive(self) -> list[dict[str, Any]]:
         answer = self.sqs.receive_message(
@@ -288,8 +285,7 @@ class QueuePoller:
             answer = self.sqs.delete_message_batch(
                 QueueUrl=self.queue_url,
                 Entries=[
-                    {"Id": str(index), "ReceiptHandle": record["receiptHandle"]}
-                    for index, record in enumerate(chunk)
+                    {"Id": str(index), "ReceiptHandle": record["receiptHandle"]} for index, record in enumerate(chunk)
                 ],
             )
             deleted = len(answer.get("Successful") or [])

@@ -15,6 +15,7 @@ UPSTREAM_*, ...) wins over its template default, which is how tests pass short d
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -101,9 +102,7 @@ class TemplateResources:
             raise KeyError(f"template has no resource {logical_id!r}")
         kind = resource.get("Type")
         if kind not in _SUPPORTED_TYPES:
-            raise ValueError(
-                f"the local stack cannot create {logical_id} ({kind}); only {', '.join(_SUPPORTED_TYPES)}"
-            )
+            raise ValueError(f"the local stack cannot create {logical_id} ({kind}); only {', '.join(_SUPPORTED_TYPES)}")
         if logical_id in self._creating:
             raise ValueError(f"circular reference through {logical_id}")
         if "Condition" in resource:
@@ -169,9 +168,7 @@ class TemplateResources:
 
     def _queue(self, logical_id: str, properties: dict[str, Any]) -> dict[str, Any]:
         fifo = _truthy(properties.get("FifoQueue"))
-        name = properties.get("QueueName") or self._name(logical_id, 75 if fifo else 80) + (
-            ".fifo" if fifo else ""
-        )
+        name = properties.get("QueueName") or self._name(logical_id, 75 if fifo else 80) + (".fifo" if fifo else "")
         attributes = {key: _attribute(properties[key]) for key in _QUEUE_ATTRIBUTES if key in properties}
         for key in ("RedrivePolicy", "RedriveAllowPolicy"):
             if key in properties:
@@ -216,9 +213,7 @@ class TemplateResources:
                 index, items = argument
                 return self.resolve(items, used)[int(self.resolve(index, used))]
             if key.startswith("Fn::"):
-                raise ValueError(
-                    f"the local stack does not resolve {key}; keep local-stack properties literal"
-                )
+                raise ValueError(f"the local stack does not resolve {key}; keep local-stack properties literal")
         return {key: self.resolve(item, used) for key, item in value.items()}
 
     def _ref(self, name: str, used: set[str] | None) -> Any:
@@ -272,13 +267,9 @@ def _env_string(value: Any) -> str:
     return str(value)
 
 
-def template_environment(
-    template: dict[str, Any], resources: TemplateResources
-) -> tuple[dict[str, str], set[str]]:
+def template_environment(template: dict[str, Any], resources: TemplateResources) -> tuple[dict[str, str], set[str]]:
     """Globals.Function.Environment.Variables resolved, and the names whose values name a resource."""
-    variables = ((template.get("Globals") or {}).get("Function") or {}).get("Environment", {}).get(
-        "Variables"
-    ) or {}
+    variables = ((template.get("Globals") or {}).get("Function") or {}).get("Environment", {}).get("Variables") or {}
     env, from_resources = {}, set()
     for name, value in variables.items():
         used: set[str] = set()
@@ -393,9 +384,7 @@ class LocalStack:
         session = boto3.session.Session(
             region_name=LOCAL_REGION, aws_access_key_id="test", aws_secret_access_key="test"
         )
-        clients = {
-            name: session.client(name, endpoint_url=self.moto_endpoint) for name in ("dynamodb", "sqs", "s3")
-        }
+        clients = {name: session.client(name, endpoint_url=self.moto_endpoint) for name in ("dynamodb", "sqs", "s3")}
         resources = TemplateResources(template, clients)
         resources.create_all()
         template_env, from_resources = template_environment(template, resources)
@@ -447,9 +436,7 @@ class LocalStack:
         from freeinference_batch.local.pollers import QueuePoller
 
         urls_by_arn = {
-            physical["Arn"]: physical["QueueUrl"]
-            for physical in resources.physical.values()
-            if "QueueUrl" in physical
+            physical["Arn"]: physical["QueueUrl"] for physical in resources.physical.values() if "QueueUrl" in physical
         }
         for spec in self.functions.values():
             for event_name, properties in spec.events("SQS").items():
@@ -503,9 +490,7 @@ class LocalStack:
         for logical_id in self.functions:
             properties = template["Resources"][logical_id].get("Properties") or {}
             own = (properties.get("Environment") or {}).get("Variables") or {}
-            clashing = sorted(
-                name for name in own if name in settings_names and own[name] != globals_env.get(name)
-            )
+            clashing = sorted(name for name in own if name in settings_names and own[name] != globals_env.get(name))
             if clashing:
                 log.warning(
                     "%s sets %s itself; the local stack runs every function with the global value",
@@ -624,7 +609,13 @@ def run_local_stack() -> None:
     os.dup2(2, 1)  # fd 1 is stderr from now on: only our one line reaches the real stdout
     stack = LocalStack()
     try:
-        stack.start()
+        try:
+            stack.start()
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            log.error("cannot start the local stack: %s (set PORT to another port, or PORT=0 for any)", error)
+            raise SystemExit(1) from None
         if not stop.is_set():
             line = f"FreeInference Batch local stack on {stack.base_url} — dev key: {stack.dev_key}\n"
             os.write(real_stdout, line.encode("utf-8"))

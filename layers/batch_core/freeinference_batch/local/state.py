@@ -22,9 +22,7 @@ def state_path(directory: str | Path | None = None) -> Path:
     return Path(directory or os.getcwd()) / STATE_DIR / STATE_FILE
 
 
-def write_state(
-    env: dict[str, str], base_url: str, directory: str | Path | None = None, **extra: Any
-) -> Path:
+def write_state(env: dict[str, str], base_url: str, directory: str | Path | None = None, **extra: Any) -> Path:
     """Write the state file atomically (a reader never sees half a file) and return its path."""
     path = state_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
