@@ -1,0 +1,229 @@
+"""`freeinference-batch admin ...`: API keys, accounts and model load.
+
+Which deployment the commands act on is decided in one place, `resolve_target`:
+1. `--stack-name NAME` (or FREEINFERENCE_STACK_NAME): the deployed CloudFormation stack's
+   outputs give the table names; credentials and region come from the usual AWS environment;
+2. else `.local-stack/state.json` in the current directory: the environment the running local
+   stack wrote there (its moto endpoint, fake credentials, table names) is applied first, so the
+   commands work against `freeinference-batch dev` from the repo root with no setup;
+3. else the plain environment (ACCOUNTS_TABLE_NAME, AWS_* ...).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import boto3
+import click
+from botocore.exceptions import BotoCoreError, ClientError
+
+from freeinference_batch import accounts, aws, errors
+from freeinference_batch.catalog import NANO_PER_USD, load_catalog
+from freeinference_batch.settings import Settings
+
+STACK_NAME_ENV = "FREEINFERENCE_STACK_NAME"
+LOCAL_STATE_PATH = Path(".local-stack") / "state.json"
+# Stack output -> the setting it provides.
+STACK_OUTPUTS = {
+    "AccountsTableName": "ACCOUNTS_TABLE_NAME",
+    "BatchTableName": "BATCH_TABLE_NAME",
+    "PayloadBucketName": "PAYLOAD_BUCKET_NAME",
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def resolve_target(
+    stack_name: str | None,
+    *,
+    cwd: str | Path | None = None,
+    environ: MutableMapping[str, str] | None = None,
+) -> Settings:
+    """The Settings the admin commands use (see the module docstring for the order).
+
+    Applying the local stack's environment changes `environ` (default: os.environ) and drops
+    cached boto3 clients, so every client built afterwards talks to the local moto server.
+    """
+    environ = os.environ if environ is None else environ
+    if stack_name:
+        return Settings(**_stack_outputs(stack_name))
+    state_file = Path(cwd or os.getcwd()) / LOCAL_STATE_PATH
+    if state_file.is_file():
+        environ.update(_local_stack_env(state_file))
+        aws.reset_clients()
+        return Settings(**{name: value for name, value in environ.items() if name in _setting_aliases()})
+    return Settings()
+
+
+def _setting_aliases() -> set[str]:
+    return {field.alias for field in Settings.model_fields.values() if field.alias}
+
+
+def _stack_outputs(stack_name: str) -> dict[str, str]:
+    try:
+        stacks = boto3.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"]
+    except (ClientError, BotoCoreError) as error:
+        raise click.ClickException(f"Cannot read CloudFormation stack {stack_name!r}: {error}") from error
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in (stacks[0].get("Outputs") if stacks else None) or []}
+    missing = [key for key in ("AccountsTableName", "BatchTableName") if key not in outputs]
+    if missing:
+        raise click.ClickException(f"Stack {stack_name!r} has no output {', '.join(missing)}; is it deployed?")
+    return {setting: outputs[key] for key, setting in STACK_OUTPUTS.items() if key in outputs}
+
+
+def _local_stack_env(state_file: Path) -> dict[str, str]:
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        env = state["env"]
+        if not isinstance(env, dict):
+            raise TypeError("'env' is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise click.ClickException(f"Cannot read the local stack's state file {state_file}: {error}") from error
+    pid = state.get("pid")
+    if isinstance(pid, int) and not _process_alive(pid):
+        raise click.ClickException(
+            f"{state_file} names a local stack (pid {pid}) that is no longer running: start it with "
+            "`freeinference-batch dev`, or delete the file to use the plain environment"
+        )
+    return {str(name): str(value) for name, value in env.items()}
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _settings(ctx: click.Context) -> Settings:
+    """Resolved once per invocation, when a command first needs it (not for --help)."""
+    obj = ctx.ensure_object(dict)
+    if "settings" not in obj:
+        obj["settings"] = resolve_target(obj.get("stack_name"))
+    return obj["settings"]
+
+
+def _clear_errors(command: F) -> F:
+    """Turn domain and AWS errors into a one-line message and a non-zero exit."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (ValueError, errors.ApiError) as error:
+            raise click.ClickException(str(error)) from error
+        except ClientError as error:
+            detail = error.response.get("Error", {})
+            raise click.ClickException(f"AWS error {detail.get('Code')}: {detail.get('Message')}") from error
+        except BotoCoreError as error:
+            raise click.ClickException(f"AWS error: {error}") from error
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _describe_account(account: dict) -> str:
+    quota = int(account.get("daily_quota_nano", 0))
+    return (
+        f"account {account.get('account_id') or account['pk'].removeprefix('ACCOUNT#')}: "
+        f"status={account.get('status')} tier={account.get('tier')} "
+        f"daily_quota_usd={quota / NANO_PER_USD:g} concurrency={account.get('concurrency_limit')} "
+        f"unfinished={account.get('unfinished', 0)}"
+    )
+
+
+_TIER_HELP = "Account tier: internal (may create batches) or standard"
+
+
+@click.group()
+@click.option(
+    "--stack-name",
+    envvar=STACK_NAME_ENV,
+    default=None,
+    help=f"Deployed CloudFormation stack to act on (env {STACK_NAME_ENV}); default: the local stack "
+    "if .local-stack/state.json exists here, else the plain environment.",
+)
+@click.pass_context
+def admin(ctx: click.Context, stack_name: str | None) -> None:
+    """Manage API keys, accounts and model load."""
+    ctx.ensure_object(dict)["stack_name"] = stack_name
+
+
+@admin.command("create-key")
+@click.option("--account", "account_id", required=True, help="Account id (created if it does not exist)")
+@click.option("--tier", default=None, help=_TIER_HELP)
+@click.option("--daily-quota-usd", type=click.FloatRange(min=0), default=None, help="Daily quota in USD")
+@click.option("--concurrency", type=click.IntRange(min=0), default=None, help="Concurrent requests allowed")
+@click.pass_context
+@_clear_errors
+def create_key_command(
+    ctx: click.Context, account_id: str, tier: str | None, daily_quota_usd: float | None, concurrency: int | None
+) -> None:
+    """Create an API key; prints only the key (it is stored as a hash and cannot be shown again)."""
+    key = accounts.create_key(
+        _settings(ctx), account_id, tier=tier, daily_quota_usd=daily_quota_usd, concurrency=concurrency
+    )
+    click.echo(key)
+
+
+@admin.command("revoke-key")
+@click.argument("key")
+@click.pass_context
+@_clear_errors
+def revoke_key_command(ctx: click.Context, key: str) -> None:
+    """Revoke an API key: calls with it get 401 and its unfinished batches fail."""
+    if not accounts.revoke_key(_settings(ctx), key):
+        raise click.ClickException("No such API key")
+    click.echo(f"revoked key {key[:8]}...", err=True)
+
+
+@admin.command("set-account")
+@click.argument("account_id")
+@click.option("--status", type=click.Choice(accounts.ACCOUNT_STATUSES), default=None)
+@click.option("--tier", default=None, help=_TIER_HELP)
+@click.option("--daily-quota-usd", type=click.FloatRange(min=0), default=None, help="Daily quota in USD")
+@click.option("--concurrency", type=click.IntRange(min=0), default=None, help="Concurrent requests allowed")
+@click.pass_context
+@_clear_errors
+def set_account_command(
+    ctx: click.Context,
+    account_id: str,
+    status: str | None,
+    tier: str | None,
+    daily_quota_usd: float | None,
+    concurrency: int | None,
+) -> None:
+    """Change an existing account's status, tier, daily quota or concurrency."""
+    if status is None and tier is None and daily_quota_usd is None and concurrency is None:
+        raise click.UsageError("Give at least one of --status, --tier, --daily-quota-usd, --concurrency")
+    account = accounts.set_account(
+        _settings(ctx),
+        account_id,
+        status=status,
+        tier=tier,
+        daily_quota_usd=daily_quota_usd,
+        concurrency=concurrency,
+    )
+    click.echo(_describe_account(account))
+
+
+@admin.command("set-load")
+@click.argument("model")
+@click.argument("inflight", type=click.IntRange(min=0))
+@click.pass_context
+@_clear_errors
+def set_load_command(ctx: click.Context, model: str, inflight: int) -> None:
+    """Record MODEL's interactive requests in flight (batch capacity shrinks as it grows)."""
+    settings = _settings(ctx)
+    catalog = load_catalog(settings.model_catalog_path)
+    if model not in catalog.models:
+        raise click.ClickException(f"Unknown model {model!r}; known: {', '.join(sorted(catalog.models))}")
+    accounts.set_model_load(settings, model, inflight)
+    click.echo(f"{model}: {inflight} interactive requests in flight")

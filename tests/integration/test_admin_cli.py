@@ -1,0 +1,295 @@
+"""`freeinference-batch admin ...` on moto: each command, and how the target is chosen."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import boto3
+import pytest
+from click.testing import CliRunner
+from freeinference_batch import accounts, aws
+from freeinference_batch.catalog import NANO_PER_USD
+from freeinference_batch.cli import main
+from freeinference_batch.cli.admin import resolve_target
+from freeinference_batch.settings import Settings
+from moto import mock_aws
+
+ACCOUNTS_TABLE = "cli-accounts"
+BATCH_TABLE = "cli-batch"
+KEY_LINE = re.compile(r"^hyi-[A-Za-z0-9_\-]{43}\n$")
+
+
+def create_table(name: str) -> None:
+    boto3.client("dynamodb").create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    # Run from an empty directory: a local stack state file in the repo must not be picked up.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("ACCOUNTS_TABLE_NAME", ACCOUNTS_TABLE)
+    monkeypatch.setenv("BATCH_TABLE_NAME", BATCH_TABLE)
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE", "FREEINFERENCE_STACK_NAME", "BATCH_CLOCK_OFFSET_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    with mock_aws():
+        aws.reset_clients()
+        create_table(ACCOUNTS_TABLE)
+        yield tmp_path
+        aws.reset_clients()
+
+
+@pytest.fixture
+def settings(aws_env) -> Settings:
+    return Settings()
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["admin", *args], catch_exceptions=False)
+
+
+def account(settings: Settings, account_id: str, table: str = ACCOUNTS_TABLE) -> dict:
+    key = {"pk": {"S": f"ACCOUNT#{account_id}"}, "sk": {"S": "ACCOUNT"}}
+    return aws.dynamodb().get_item(TableName=table, Key=key).get("Item", {})
+
+
+# -- create-key --
+
+
+def test_create_key_prints_only_the_key_and_stores_its_hash(settings):
+    result = run(
+        "create-key", "--account", "acct-1", "--tier", "internal", "--daily-quota-usd", "2.5", "--concurrency", "3"
+    )
+    assert result.exit_code == 0, result.output
+    assert KEY_LINE.match(result.stdout), repr(result.stdout)
+    key = result.stdout.strip()
+    principal = accounts.authenticate(settings, {"Authorization": f"Bearer {key}"})
+    assert principal.account_id == "acct-1"
+    assert principal.tier == "internal"
+    assert principal.daily_quota_nano == 2_500_000_000
+    assert principal.concurrency_limit == 3
+    items = aws.dynamodb().scan(TableName=ACCOUNTS_TABLE)["Items"]
+    assert key not in repr(items)
+
+
+def test_create_key_defaults(settings):
+    key = run("create-key", "--account", "acct-2").stdout.strip()
+    principal = accounts.authenticate(settings, {"X-API-Key": key})
+    assert (principal.tier, principal.daily_quota_nano, principal.concurrency_limit) == (
+        "standard",
+        100 * NANO_PER_USD,
+        16,
+    )
+
+
+def test_create_key_requires_an_account(settings):
+    result = CliRunner().invoke(main, ["admin", "create-key"])
+    assert result.exit_code != 0
+    assert "--account" in result.output
+
+
+# -- revoke-key --
+
+
+def test_revoke_key(settings):
+    key = run("create-key", "--account", "acct-1").stdout.strip()
+    result = run("revoke-key", key)
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    state = accounts.owner_check(settings, accounts.hash_key(key), "acct-1")
+    assert state.reason == "API key has been revoked"
+
+
+def test_revoke_unknown_key_fails_clearly(settings):
+    result = run("revoke-key", "hyi-neverIssuedNeverIssued")
+    assert result.exit_code == 1
+    assert "No such API key" in result.output
+
+
+# -- set-account --
+
+
+def test_set_account_changes_stored_fields(settings):
+    run("create-key", "--account", "acct-1")
+    result = run(
+        "set-account",
+        "acct-1",
+        "--status",
+        "suspended",
+        "--tier",
+        "internal",
+        "--daily-quota-usd",
+        "7",
+        "--concurrency",
+        "2",
+    )
+    assert result.exit_code == 0, result.output
+    assert "status=suspended" in result.stdout
+    item = account(settings, "acct-1")
+    assert item["status"] == {"S": "suspended"}
+    assert item["tier"] == {"S": "internal"}
+    assert item["daily_quota_nano"] == {"N": str(7 * NANO_PER_USD)}
+    assert item["concurrency_limit"] == {"N": "2"}
+
+
+def test_set_account_of_missing_account_fails(settings):
+    result = run("set-account", "nobody", "--status", "active")
+    assert result.exit_code == 1
+    assert "does not exist" in result.output
+    assert account(settings, "nobody") == {}
+
+
+def test_set_account_needs_a_change(settings):
+    run("create-key", "--account", "acct-1")
+    result = CliRunner().invoke(main, ["admin", "set-account", "acct-1"])
+    assert result.exit_code == 2
+    assert "at least one" in result.output
+
+
+def test_set_account_rejects_unknown_status(settings):
+    result = CliRunner().invoke(main, ["admin", "set-account", "acct-1", "--status", "frozen"])
+    assert result.exit_code == 2
+
+
+# -- set-load --
+
+
+def test_set_load(settings):
+    result = run("set-load", "glm-5.3-flash", "40")
+    assert result.exit_code == 0, result.output
+    assert accounts.model_load(settings, "glm-5.3-flash") == 40
+    assert run("set-load", "glm-5.3-flash", "0").exit_code == 0
+    assert accounts.model_load(settings, "glm-5.3-flash") == 0
+
+
+def test_set_load_of_unknown_model_fails(settings):
+    result = run("set-load", "no-such-model", "3")
+    assert result.exit_code == 1
+    assert "Unknown model" in result.output
+    assert CliRunner().invoke(main, ["admin", "set-load", "glm-5.3-flash", "-1"]).exit_code == 2
+
+
+# -- target selection --
+
+
+def test_local_stack_state_file_is_applied(aws_env, monkeypatch):
+    # Given a local stack state file naming other tables (no endpoint: moto's mock serves them)
+    create_table("local-accounts")
+    state = {"env": {"ACCOUNTS_TABLE_NAME": "local-accounts", "BATCH_TABLE_NAME": "local-batch"}}
+    (aws_env / ".local-stack").mkdir()
+    (aws_env / ".local-stack" / "state.json").write_text(json.dumps(state))
+    for name in state["env"]:
+        monkeypatch.setenv(name, "restored-after-the-test")
+    # When
+    result = run("create-key", "--account", "acct-local")
+    # Then the key went to the local stack's table
+    assert result.exit_code == 0, result.output
+    assert account(Settings(), "acct-local", table="local-accounts")
+    assert account(Settings(), "acct-local", table=ACCOUNTS_TABLE) == {}
+
+
+def test_resolve_target_applies_the_local_stack_environment(tmp_path):
+    env = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:4566",
+        "AWS_ACCESS_KEY_ID": "local",
+        "AWS_SECRET_ACCESS_KEY": "local",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "ACCOUNTS_TABLE_NAME": "acc-local",
+        "BATCH_TABLE_NAME": "batch-local",
+    }
+    (tmp_path / ".local-stack").mkdir()
+    (tmp_path / ".local-stack" / "state.json").write_text(json.dumps({"env": env, "base_url": "x"}))
+    environ: dict[str, str] = {"UNRELATED": "1"}
+    settings = resolve_target(None, cwd=tmp_path, environ=environ)
+    assert settings.accounts_table_name == "acc-local"
+    assert settings.batch_table_name == "batch-local"
+    assert environ == {"UNRELATED": "1", **env}
+
+
+def test_stale_local_stack_state_file_is_refused(aws_env):
+    (aws_env / ".local-stack").mkdir()
+    state = {"env": {"ACCOUNTS_TABLE_NAME": "x"}, "pid": 2**22 + 12345}
+    (aws_env / ".local-stack" / "state.json").write_text(json.dumps(state))
+    result = run("create-key", "--account", "acct-1")
+    assert result.exit_code == 1
+    assert "no longer running" in result.output
+
+
+def test_plain_environment_without_state_file(aws_env):
+    settings = resolve_target(None, cwd=aws_env, environ={})
+    assert settings.accounts_table_name == ACCOUNTS_TABLE
+
+
+STACK_TEMPLATE = {
+    "Resources": {
+        "AccountsTable": {
+            "Type": "AWS::DynamoDB::Table",
+            "Properties": {
+                "TableName": "stack-accounts",
+                "BillingMode": "PAY_PER_REQUEST",
+                "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                "AttributeDefinitions": [
+                    {"AttributeName": "pk", "AttributeType": "S"},
+                    {"AttributeName": "sk", "AttributeType": "S"},
+                ],
+            },
+        }
+    },
+    "Outputs": {
+        "AccountsTableName": {"Value": {"Ref": "AccountsTable"}},
+        "BatchTableName": {"Value": "stack-batch"},
+    },
+}
+
+
+@pytest.mark.parametrize("via_env", [False, True])
+def test_stack_name_reads_the_deployed_stack_outputs(aws_env, monkeypatch, via_env):
+    boto3.client("cloudformation").create_stack(StackName="fib-prod", TemplateBody=json.dumps(STACK_TEMPLATE))
+    if via_env:
+        monkeypatch.setenv("FREEINFERENCE_STACK_NAME", "fib-prod")
+        result = run("create-key", "--account", "acct-prod")
+    else:
+        result = run("--stack-name", "fib-prod", "create-key", "--account", "acct-prod")
+    assert result.exit_code == 0, result.output
+    assert KEY_LINE.match(result.stdout)
+    assert account(Settings(), "acct-prod", table="stack-accounts")
+    assert account(Settings(), "acct-prod", table=ACCOUNTS_TABLE) == {}
+    settings = resolve_target("fib-prod")
+    assert (settings.accounts_table_name, settings.batch_table_name) == ("stack-accounts", "stack-batch")
+
+
+def test_unknown_stack_fails_clearly(aws_env):
+    result = run("--stack-name", "no-such-stack", "create-key", "--account", "a")
+    assert result.exit_code == 1
+    assert "no-such-stack" in result.output
+
+
+def test_help_needs_no_target(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["admin", "--stack-name", "does-not-matter", "create-key", "--help"])
+    assert result.exit_code == 0
+    assert "--account" in result.output
+
+
+def test_missing_table_is_a_clear_error(aws_env, monkeypatch):
+    monkeypatch.setenv("ACCOUNTS_TABLE_NAME", "no-such-table")
+    result = run("create-key", "--account", "acct-1")
+    assert result.exit_code == 1
+    assert "AWS error ResourceNotFoundException" in result.output
+
+
+def test_main_lists_admin_and_dev():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    assert "admin" in result.output and "dev" in result.output
