@@ -19,7 +19,8 @@ from freeinference_batch.observability import logger, metrics, tracer
 from freeinference_batch.settings import get_settings
 from freeinference_batch.worker import Done, Worker
 
-processor = AsyncBatchProcessor(event_type=EventType.SQS)
+# A batch whose every message was parked is normal (all waiting for slots): report them, don't raise.
+processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 # Up to a full SQS batch (10) of upstream calls at once: they mostly wait on the network.
 executor = ThreadPoolExecutor(max_workers=10)
 

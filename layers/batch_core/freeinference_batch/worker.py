@@ -40,6 +40,7 @@ from freeinference_batch.store.leases import Leases, account_slots_key, model_sl
 # A slot wait re-checks after a short, jittered pause; longer waits re-check less often.
 SLOT_WAIT_SECONDS = (1.0, 3.0)
 ACCESS_WAIT_SECONDS = 60.0
+UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
 _metrics_lock = threading.Lock()
 
 
@@ -82,10 +83,10 @@ class Worker:
         try:
             outcome = self.process(message, record)
         except Exception:
-            # Leave the message to come back after its visibility timeout; nothing was settled.
+            # Nothing was settled; try again shortly (a claim left behind is recovered by its lease).
             logger.exception("request failed unexpectedly", extra={"batch_id": message.batch_id,
                                                                   "position": message.position})
-            return Parked(0)
+            outcome = Parked(UNEXPECTED_ERROR_WAIT_SECONDS)
         if isinstance(outcome, Parked):
             dispatch.park(self.settings, message.model, record["receiptHandle"], outcome.seconds)
         return outcome
@@ -152,16 +153,20 @@ class Worker:
             self.leases.acquire_element(account_slots_key(meta["account_id"]), token,
                                         int(account.get("concurrency_limit", 1)), lease_until),
         ]
-        try:
-            transact(claim)
-        except TransactionFailed as failure:
-            if failure.failed(0):
-                return Done()  # a duplicate: the request already runs or has settled
-            if failure.failed(1):
-                return Parked(0)  # the batch changed (cancelled, expired...): look again
-            self.leases.reap(model_slots_key(message.model), now)
-            self.leases.reap(account_slots_key(meta["account_id"]), now)
-            return self._wait_for_slot(message, record, now)
+        for attempt in range(2):
+            try:
+                transact(claim)
+                break
+            except TransactionFailed as failure:
+                if failure.failed(0):
+                    return Done()  # a duplicate: the request already runs or has settled
+                if failure.failed(1):
+                    return Parked(0)  # the batch changed (cancelled, expired...): look again
+                # No free slot: drop expired leases (a dead worker's) and, if any, try once more.
+                freed = self.leases.reap(model_slots_key(message.model), now) + self.leases.reap(
+                    account_slots_key(meta["account_id"]), now)
+                if not freed or attempt:
+                    return self._wait_for_slot(message, record, now)
 
         _metric("RequestsRun")
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
@@ -285,15 +290,17 @@ class Worker:
     def _transact_settle(self, message: RequestMessage, meta: dict, token: str, now: float, *, status: str,
                          error: dict | None = None, response: dict | None = None, cost_nano: int = 0,
                          lease_until: float | None = None) -> bool:
-        names = {"#status": "status", "#error": "error"}
+        names = {"#status": "status"}
         named: dict[str, Any] = {"status": status, "token": token, "running": "running"}
         sets = ["#status = :status"]
         if error is not None:
             sets.append("#error = :error")
+            names["#error"] = "error"
             named["error"] = error
         if response is not None:
             attribute, value = self.table.response_attribute(message.batch_id, message.position, response)
-            sets.append(f"{attribute} = :response")
+            sets.append(f"#{attribute} = :response")
+            names[f"#{attribute}"] = attribute
             named["response"] = value
         if status == "queued":
             sets.append("lease_until = :lease")

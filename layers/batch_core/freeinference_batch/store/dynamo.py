@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from typing import Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from freeinference_batch import aws
@@ -17,10 +17,19 @@ _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
 
-def to_attr(value: Any) -> dict:
+def _decimals(value: Any) -> Any:
+    """DynamoDB numbers are Decimals; JSON from users and models has floats anywhere."""
     if isinstance(value, float):
-        value = Decimal(repr(value))
-    return _serializer.serialize(value)
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _decimals(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_decimals(v) for v in value]
+    return value
+
+
+def to_attr(value: Any) -> dict:
+    return _serializer.serialize(_decimals(value))
 
 
 def to_item(values: dict[str, Any]) -> dict[str, dict]:
@@ -36,8 +45,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, set):
         return {_plain(v) for v in value}
-    if isinstance(value, bytes | bytearray):
-        return bytes(value)
+    if isinstance(value, Binary):
+        return bytes(value.value)
     return value
 
 

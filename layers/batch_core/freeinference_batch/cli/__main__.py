@@ -1,0 +1,3 @@
+from freeinference_batch.cli import main
+
+main()

@@ -1,0 +1,176 @@
+"""Handlers on moto: resources from template.yaml, the simulated upstream on loopback, and a
+pump that delivers queue messages to the worker handler the way Lambda's poller does."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+import pytest
+from freeinference_batch import accounts, aws, clock
+from freeinference_batch.local.apigw import build_event
+from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
+from freeinference_batch.local.pollers import failed_message_ids, sqs_record
+from freeinference_batch.local.stack import TemplateResources, template_environment
+from freeinference_batch.local.template import load_template
+from freeinference_batch.local.upstream_sim import UpstreamSimulator
+from freeinference_batch.settings import Settings, get_settings
+from moto import mock_aws
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    sim = UpstreamSimulator()
+    base_url = sim.start()
+    yield sim, base_url
+    sim.stop()
+
+
+class Harness:
+    def __init__(self, settings_env: dict[str, str], monkeypatch, clock_file: str) -> None:
+        self.monkeypatch = monkeypatch
+        self.clock_file = clock_file
+        self.api_handler = load_handler("api")
+        self.worker_handler = load_handler("worker")
+        self.queues = json.loads(settings_env["MODEL_QUEUE_URLS"])
+        self.key = accounts.create_key(self.settings, "acct-1", tier="internal", concurrency=16)
+
+    @property
+    def settings(self) -> Settings:
+        return get_settings()
+
+    def configure(self, **env: Any) -> None:
+        for name, value in env.items():
+            self.monkeypatch.setenv(name, str(value))
+        get_settings.cache_clear()
+
+    def advance_clock(self, seconds: float) -> None:
+        current = clock.now(self.clock_file) - time.time()
+        clock.set_offset(self.clock_file, current + seconds)
+
+    # ---- API --------------------------------------------------------------------------
+
+    def call(self, method: str, path: str, body: Any = None, *, key: str | None = None,
+             headers: dict[str, str] | None = None, raw: bytes | None = None) -> tuple[int, Any]:
+        all_headers = {"content-type": "application/json", **(headers or {})}
+        if key is not False:
+            all_headers.setdefault("authorization", f"Bearer {key or self.key}")
+        payload = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        route, params = _route(method, path.partition("?")[0])
+        event = build_event(method=method, target=path, headers=list(all_headers.items()), body=payload,
+                            route_key=route, path_parameters=params)
+        answer = self.api_handler(event, LambdaContext("api", 1769, 29))
+        return answer["statusCode"], json.loads(answer["body"])
+
+    def create(self, requests: list[dict], **extra: Any) -> dict:
+        status, body = self.call("POST", "/v1/batches", {"requests": requests, **extra})
+        assert status == 200, body
+        return body
+
+    def results(self, batch_id: str) -> list[dict]:
+        out, after = [], None
+        while True:
+            query = "?limit=1000" + (f"&after={after}" if after else "")
+            status, page = self.call("GET", f"/v1/batches/{batch_id}/results{query}")
+            assert status == 200, page
+            out.extend(page["data"])
+            if not page["has_more"]:
+                return out
+            after = page["last_id"]
+
+    # ---- queues -----------------------------------------------------------------------
+
+    def pump_once(self, queue_url: str) -> int:
+        sqs = aws.sqs()
+        messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, AttributeNames=["All"],
+                                       MessageAttributeNames=["All"]).get("Messages", [])
+        if not messages:
+            return 0
+        arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        records = [sqs_record(m, arn) for m in messages]
+        answer = self.worker_handler({"Records": records}, LambdaContext("worker", 512, 150))
+        keep = failed_message_ids(answer, [r["messageId"] for r in records]) or set()
+        for message, record in zip(messages, records, strict=True):
+            if record["messageId"] not in keep:
+                sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+        return len(messages)
+
+    def run_until(self, done: Callable[[], bool], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError("condition not reached before the deadline")
+            if not sum(self.pump_once(url) for url in self.queues.values()):
+                time.sleep(0.05)
+
+    def batch(self, batch_id: str) -> dict:
+        status, body = self.call("GET", f"/v1/batches/{batch_id}")
+        assert status == 200, body
+        return body
+
+    def run_to_final(self, batch_id: str, timeout: float = 30.0) -> dict:
+        self.run_until(lambda: self.batch(batch_id)["status"] in ("completed", "failed", "expired", "cancelled"),
+                       timeout)
+        return self.batch(batch_id)
+
+
+_ROUTES = [
+    ("POST", "/v1/batches", "POST /v1/batches"),
+    ("GET", "/v1/batches", "GET /v1/batches"),
+    ("GET", "/v1/batches/{batch_id}", "GET /v1/batches/{batch_id}"),
+    ("DELETE", "/v1/batches/{batch_id}", "DELETE /v1/batches/{batch_id}"),
+    ("GET", "/v1/batches/{batch_id}/results", "GET /v1/batches/{batch_id}/results"),
+    ("POST", "/v1/batches/{batch_id}/cancel", "POST /v1/batches/{batch_id}/cancel"),
+]
+
+
+def _route(method: str, path: str) -> tuple[str, dict[str, str] | None]:
+    parts = path.strip("/").split("/")
+    for route_method, pattern, key in _ROUTES:
+        pattern_parts = pattern.strip("/").split("/")
+        if route_method != method or len(pattern_parts) != len(parts):
+            continue
+        params = {}
+        for want, got in zip(pattern_parts, parts, strict=True):
+            if want.startswith("{"):
+                params[want[1:-1]] = got
+            elif want != got:
+                break
+        else:
+            return key, params or None
+    return "$default", None
+
+
+def sample_request(custom_id: str, content: str = "Say hello.", model: str = "glm-5.3-flash", **body: Any) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": content}], **body}}
+
+
+@pytest.fixture
+def harness(monkeypatch, tmp_path, upstream):
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    clock_file = str(tmp_path / "clock-offset")
+    with mock_aws():
+        aws.reset_clients()
+        template = load_template(repo_root() / "template.yaml")
+        clients = {name: boto3.client(name) for name in ("dynamodb", "sqs", "s3")}
+        resources = TemplateResources(template, clients)
+        resources.create_all()
+        env, _ = template_environment(template, resources)
+        env.update(UPSTREAM_BASE_URL=upstream[1], BATCH_CLOCK_OFFSET_FILE=clock_file,
+                   BATCH_RETRY_BASE_SECONDS="0.01", BATCH_UPSTREAM_TIMEOUT_SECONDS="2")
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+        yield Harness(env, monkeypatch, clock_file)
+        get_settings.cache_clear()
+        aws.reset_clients()
