@@ -120,7 +120,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     lanes: dict[str, list[int]] = {}
     for position, (_, model, _) in enumerate(requests):
         lanes.setdefault(model, []).append(position)
-    lease_until = now + dispatch.DISPATCH_LEASE_SECONDS
+    lease_until = now + settings.batch_dispatch_lease_seconds
     first_messages = []
     lane_widths = {}
     for model, positions in lanes.items():

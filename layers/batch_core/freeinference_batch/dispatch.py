@@ -17,15 +17,13 @@ from freeinference_batch import aws
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 
-# How long a dispatched message may go unclaimed before the sweep assumes it was lost and sends
-# it again (a duplicate is harmless: claiming a request is conditional).
-DISPATCH_LEASE_SECONDS = 600.0
-
 
 def send(settings: Settings, messages: list[RequestMessage], delay_seconds: int = 0) -> None:
     by_queue: dict[str, list[RequestMessage]] = defaultdict(list)
     for message in messages:
         by_queue[settings.model_queue_urls[message.model]].append(message)
+        if settings.batch_fault_duplicate_rate and random.random() < settings.batch_fault_duplicate_rate:
+            by_queue[settings.model_queue_urls[message.model]].append(message)  # chaos: at-least-once
     for queue_url, queued in by_queue.items():
         for start in range(0, len(queued), 10):
             entries = [

@@ -72,7 +72,7 @@ def _sweep_lane(settings: Settings, table: BatchTable, meta: dict, lane: dict, n
             continue  # settled; the chain moved on in the same transaction
         if meta["status"] not in lifecycle.RUNNABLE:
             continue  # nothing more will start; the taken-back request reads as not started
-        until = now + dispatch.DISPATCH_LEASE_SECONDS
+        until = now + settings.batch_dispatch_lease_seconds
         if table.set_lane_lease(meta["id"], model, slot, head, until):
             dispatch.send(settings, [RequestMessage(batch_id=meta["id"], model=model, index=head, position=position,
                                                     account_id=meta["account_id"], key_hash=meta["key_hash"])])

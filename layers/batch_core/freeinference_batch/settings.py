@@ -33,6 +33,13 @@ class Settings(BaseSettings):
     # How often the local stack fires the schedules (on AWS the template's rates apply).
     batch_schedule_seconds: float = Field(60.0, alias="BATCH_SCHEDULE_SECONDS", gt=0)
     batch_api_enabled: bool = Field(True, alias="BATCH_API_ENABLED")
+    # How long a dispatched message may go unclaimed before the sweep sends it again.
+    batch_dispatch_lease_seconds: float = Field(600.0, alias="BATCH_DISPATCH_LEASE_SECONDS", gt=0)
+
+    # Fault injection for the chaos tests and demos (never set in production): the share of
+    # worker steps that die as if the Lambda were killed, and of messages sent twice.
+    batch_fault_crash_rate: float = Field(0.0, alias="BATCH_FAULT_CRASH_RATE", ge=0, le=1)
+    batch_fault_duplicate_rate: float = Field(0.0, alias="BATCH_FAULT_DUPLICATE_RATE", ge=0, le=1)
 
     # Upstream OpenAI-compatible API.
     upstream_base_url: str = Field("", alias="UPSTREAM_BASE_URL")

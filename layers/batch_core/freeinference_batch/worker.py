@@ -41,7 +41,12 @@ from freeinference_batch.store.leases import Leases, account_slots_key, model_sl
 SLOT_WAIT_SECONDS = (1.0, 3.0)
 ACCESS_WAIT_SECONDS = 60.0
 UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
+FRESH_COPY_AFTER_RECEIVES = 500
 _metrics_lock = threading.Lock()
+
+
+class SimulatedCrash(BaseException):
+    """Chaos tests only: the worker dies here, as a killed Lambda would (nothing cleans up)."""
 
 
 @dataclass
@@ -71,6 +76,10 @@ class Worker:
     def now(self) -> float:
         return clock.now(self.settings.clock_offset_file)
 
+    def _maybe_crash(self, step: str) -> None:
+        if self.settings.batch_fault_crash_rate and random.random() < self.settings.batch_fault_crash_rate:
+            raise SimulatedCrash(step)
+
     # ---- entry --------------------------------------------------------------------------
 
     def handle_record(self, record: dict) -> Done | Parked:
@@ -88,6 +97,12 @@ class Worker:
                                                                   "position": message.position})
             outcome = Parked(UNEXPECTED_ERROR_WAIT_SECONDS)
         if isinstance(outcome, Parked):
+            receives = int(record.get("attributes", {}).get("ApproximateReceiveCount", 1))
+            if receives >= FRESH_COPY_AFTER_RECEIVES and outcome.seconds <= 900:
+                # Every park is a receive, and the dead-letter redrive counts receives (at most
+                # 1000): a message that waits long for slots is replaced by a fresh copy.
+                dispatch.send(self.settings, [message], delay_seconds=round(outcome.seconds))
+                return Done()
             dispatch.park(self.settings, message.model, record["receiptHandle"], outcome.seconds)
         return outcome
 
@@ -168,12 +183,14 @@ class Worker:
                 if not freed or attempt:
                     return self._wait_for_slot(message, record, now)
 
+        self._maybe_crash("after claim")
         _metric("RequestsRun")
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
         _metric("QueueWait", max(0.0, now - sent), "Seconds")
         body = self._request_body(meta, message.position)
         outcome = upstream.call(self.settings, body, account_id=meta["account_id"],
                                 request_ref=f"{message.batch_id}:{message.position}")
+        self._maybe_crash("after upstream call")
         return self._settle(message, meta, token, outcome)
 
     # ---- reading ------------------------------------------------------------------------
@@ -218,14 +235,14 @@ class Worker:
     def _wait_for_slot(self, message: RequestMessage, record: dict, now: float) -> Parked:
         _metric("RequestsParked")
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
-        if now - sent > dispatch.DISPATCH_LEASE_SECONDS / 2:
+        if now - sent > self.settings.batch_dispatch_lease_seconds / 2:
             # Waiting long: tell the sweep this chain is alive, or it would send a duplicate.
-            self._renew_dispatch_lease(message, now + dispatch.DISPATCH_LEASE_SECONDS)
+            self._renew_dispatch_lease(message, now + self.settings.batch_dispatch_lease_seconds)
         return Parked(random.uniform(*SLOT_WAIT_SECONDS))
 
     def _park_long(self, message: RequestMessage, meta: dict, seconds: float) -> Parked:
         seconds = min(seconds, 12 * 3600 - 60)  # SQS caps a visibility change at 12 h: re-park later
-        self._renew_dispatch_lease(message, self.now() + seconds + dispatch.DISPATCH_LEASE_SECONDS)
+        self._renew_dispatch_lease(message, self.now() + seconds + self.settings.batch_dispatch_lease_seconds)
         return Parked(seconds)
 
     def _renew_dispatch_lease(self, message: RequestMessage, until: float) -> None:
@@ -246,7 +263,7 @@ class Worker:
         if outcome.kind == "retry" and attempts < self.settings.batch_max_attempts:
             delay = self._backoff(attempts, outcome.retry_after)
             requeued = self._transact_settle(message, meta, token, now, status="queued", error=outcome.error,
-                                             lease_until=now + delay + dispatch.DISPATCH_LEASE_SECONDS)
+                                             lease_until=now + delay + self.settings.batch_dispatch_lease_seconds)
             if not requeued:
                 return Done()
             _metric("RequestsRetried")
@@ -264,6 +281,7 @@ class Worker:
             _metric("RequestsFailed")
             settled = self._transact_settle(message, meta, token, now, status="failed", error=outcome.error)
         if settled:
+            self._maybe_crash("after settle")
             self._continue_chain(message, meta, now)
         return Done()
 
@@ -345,7 +363,7 @@ class Worker:
     def _lane_advance(self, message: RequestMessage, meta: dict, now: float) -> dict:
         width = meta["lane_widths"][message.model]
         return self.table.lane_update_element(message.batch_id, message.model, message.index % width,
-                                              message.index + width, now + dispatch.DISPATCH_LEASE_SECONDS)
+                                              message.index + width, now + self.settings.batch_dispatch_lease_seconds)
 
     def _continue_chain(self, message: RequestMessage, meta: dict, now: float) -> None:
         """Send the chain's next request; at the chain's end, see whether the batch is done."""
