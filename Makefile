@@ -1,26 +1,37 @@
-.PHONY: install test dev build lint
+.PHONY: install test dev build lint bench
 
-PYTHON ?= python
+PYTHON ?= python3
 SAM := .tools/sam/bin/sam
+VENV := .venv/.installed
 # sam build looks for python3.13 on PATH; this makes the pyenv shim resolve it.
 SAM_PYENV_VERSION ?= 3.11.7:3.13.0
 
-install: $(SAM)
-	$(PYTHON) -m venv .venv && .venv/bin/pip install -e '.[dev]'
-
-test:
-	.venv/bin/pytest -q
-
-dev:
-	.venv/bin/freeinference-batch dev
+# The project venv (runtime + local stack + test tools), rebuilt when pyproject.toml changes.
+$(VENV): pyproject.toml
+	$(PYTHON) -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[dev]'
+	touch $@
 
 # aws-sam-cli lives in its own venv so its pins never fight the project's.
 $(SAM):
-	$(PYTHON) -m venv .tools/sam && .tools/sam/bin/pip install aws-sam-cli
+	$(PYTHON) -m venv .tools/sam
+	.tools/sam/bin/pip install -q aws-sam-cli
+
+install: $(VENV) $(SAM)
+
+test: install
+	.venv/bin/pytest -q
+
+dev: $(VENV)
+	.venv/bin/freeinference-batch dev
 
 build: $(SAM)
 	PYENV_VERSION=$(SAM_PYENV_VERSION) SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml
 
-lint:
+lint: $(VENV)
 	.venv/bin/ruff check .
 	.venv/bin/cfn-lint template.yaml
+
+bench: $(VENV)
+	.venv/bin/python bench/create_and_read.py
