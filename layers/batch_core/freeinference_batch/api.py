@@ -108,5 +108,5 @@ def handle_not_found(_: NotFoundError) -> Response:
 def handle_unexpected(error: Exception) -> Response:
     # Never leak internals: log the traceback, answer a bare 500.
     logger.exception("unexpected error")
-    return _json(500, {"error": {"message": "Internal error; the request changed nothing. Try again later",
+    return _json(500, {"error": {"message": "Internal error; try again later",
                                  "type": "server_error", "code": "internal_error", "param": None}})

@@ -59,6 +59,8 @@ class Parked:
     """The message stays: its visibility was set to when it should come back."""
 
     seconds: float
+    # A message that keeps failing unexpectedly must reach the dead-letter queue: never refresh it.
+    refresh: bool = True
 
 
 def _metric(name: str, value: float = 1, unit: str = "Count") -> None:
@@ -95,10 +97,10 @@ class Worker:
             # Nothing was settled; try again shortly (a claim left behind is recovered by its lease).
             logger.exception("request failed unexpectedly", extra={"batch_id": message.batch_id,
                                                                   "position": message.position})
-            outcome = Parked(UNEXPECTED_ERROR_WAIT_SECONDS)
+            outcome = Parked(UNEXPECTED_ERROR_WAIT_SECONDS, refresh=False)
         if isinstance(outcome, Parked):
             receives = int(record.get("attributes", {}).get("ApproximateReceiveCount", 1))
-            if receives >= FRESH_COPY_AFTER_RECEIVES and outcome.seconds <= 900:
+            if outcome.refresh and receives >= FRESH_COPY_AFTER_RECEIVES and outcome.seconds <= 900:
                 # Every park is a receive, and the dead-letter redrive counts receives (at most
                 # 1000): a message that waits long for slots is replaced by a fresh copy.
                 dispatch.send(self.settings, [message], delay_seconds=round(outcome.seconds))
