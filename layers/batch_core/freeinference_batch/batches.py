@@ -59,18 +59,6 @@ def _too_large(limit: int, size: int | None = None) -> PayloadTooLarge:
                            "Split the job into several batches")
 
 
-def parse_create_body(settings: Settings, principal: Principal, raw: bytes) -> tuple[list[list[Any]], dict | None]:
-    try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise BadRequest(f"The body is not valid JSON: {str(error)[:200]}") from None
-    envelope = validation.parse_envelope(document)
-    validation.validate_metadata(envelope.metadata)
-    catalog = load_catalog(settings.model_catalog_path)
-    requests = validation.validate_requests(envelope.requests, catalog, principal.tier, settings.batch_max_requests)
-    return requests, envelope.metadata
-
-
 def pack_chunks(requests: list[list[Any]], raw_size: int) -> list[tuple[int, bytes, bool]]:
     """Split the requests into compressed runs: (first position, data, too big for an item)."""
     per_chunk = max(1, int(CHUNK_TARGET_BYTES * len(requests) / max(1, raw_size)))
@@ -98,7 +86,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         raise Forbidden("Batch inference is available to internal accounts only; "
                         f"this key's account tier is {principal.tier!r}")
     raw = decode_body(body, content_encoding, settings.batch_max_body_bytes)
-    requests, metadata = parse_create_body(settings, principal, raw)
+    requests, metadata = validation.parse_create_body(raw, catalog, principal.tier, settings.batch_max_requests)
 
     table = BatchTable(settings)
     now = clock.now(settings.clock_offset_file)

@@ -6,6 +6,7 @@ Every error names the request at fault in the spec's form:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +14,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from freeinference_batch.catalog import Catalog, is_auto_model
 from freeinference_batch.errors import BadRequest
-from freeinference_batch.schemas import BatchRequestLine, CreateBatchEnvelope
+from freeinference_batch.schemas import BatchRequestLine, CreateBatchDict, CreateBatchEnvelope
 
 _lines = TypeAdapter(list[BatchRequestLine])
+_create_body = TypeAdapter(CreateBatchDict)
 
 METADATA_MAX_PAIRS = 16
 METADATA_MAX_KEY = 64
@@ -111,22 +113,65 @@ def validate_requests(raw_requests: list[Any], catalog: Catalog, tier: str, max_
             raise BadRequest(f"{label(index)}: each request must be an object with custom_id and body") from None
         raise BadRequest(f"{_prefix(label, index, raw_requests[index])}: {_describe(first)}") from None
 
+    return check_requests([line.model_dump(exclude_unset=True) | {"body": raw["body"]}
+                           for line, raw in zip(lines, raw_requests, strict=True)], raw_requests, catalog, tier, label)
+
+
+def check_requests(lines: list[dict], raw_requests: list[Any], catalog: Catalog, tier: str,
+                   label: Label = requests_label) -> list[list[Any]]:
+    """The rules a schema cannot say: known models, no auto models, no streaming, unique ids.
+    Answers [custom_id, model, body] per request, in order."""
     seen: dict[str, int] = {}
     packed: list[list[Any]] = []
-    for index, (line, raw) in enumerate(zip(lines, raw_requests, strict=True)):
-        body = raw["body"]
-        model = line.body.model
-        where = _prefix(label, index, raw)
+    for index, line in enumerate(lines):
+        body = line["body"]
+        model = body["model"]
+        custom_id = line["custom_id"]
         if is_auto_model(model):
+            where = _prefix(label, index, raw_requests[index])
             raise BadRequest(f"{where}: Auto model {model!r} cannot be used in a batch; name a model ID")
         if catalog.model_for_tier(model, tier) is None:
             # Not allowed and not existing read the same: a key cannot probe for models.
+            where = _prefix(label, index, raw_requests[index])
             raise BadRequest(f"{where}: Model {model!r} not found", code="model_not_found")
-        if line.body.stream:
+        if body.get("stream"):
+            where = _prefix(label, index, raw_requests[index])
             raise BadRequest(f"{where}: body.stream must not be true; batch requests do not stream")
-        if line.custom_id in seen:
-            raise BadRequest(f"{where}: custom_id {line.custom_id!r} repeats {label(seen[line.custom_id])}; "
+        if custom_id in seen:
+            where = _prefix(label, index, raw_requests[index])
+            raise BadRequest(f"{where}: custom_id {custom_id!r} repeats {label(seen[custom_id])}; "
                              "custom_id must be unique within the batch")
-        seen[line.custom_id] = index
-        packed.append([line.custom_id, model, body])
+        seen[custom_id] = index
+        packed.append([custom_id, model, body])
     return packed
+
+
+def parse_create_body(raw: bytes, catalog: Catalog, tier: str,
+                      max_requests: int) -> tuple[list[list[Any]], dict[str, str] | None]:
+    """Parse and check a create body; answers ([custom_id, model, body] per request, metadata)."""
+    try:
+        document = _create_body.validate_json(raw)
+    except ValidationError as error:
+        _explain_refusal(raw, error, catalog, tier, max_requests)
+        raise AssertionError("unreachable") from None
+    metadata = document.get("metadata")
+    validate_metadata(metadata)
+    requests = document["requests"]
+    if not requests or len(requests) > max_requests:
+        validate_requests(requests, catalog, tier, max_requests)  # raises the count's message
+    return check_requests(requests, requests, catalog, tier), metadata
+
+
+def _explain_refusal(raw: bytes, error: ValidationError, catalog: Catalog, tier: str, max_requests: int) -> None:
+    """The fast parse refused the body: redo it the slow way, whose errors name the request."""
+    first = error.errors()[0]
+    if first["type"] in ("json_invalid", "json_type"):
+        raise BadRequest(f"The body is not valid JSON: {str(first.get('ctx', {}).get('error', first['msg']))[:200]}")
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as decode_error:
+        raise BadRequest(f"The body is not valid JSON: {str(decode_error)[:200]}") from None
+    envelope = parse_envelope(document)
+    validate_metadata(envelope.metadata)
+    validate_requests(envelope.requests, catalog, tier, max_requests)
+    raise BadRequest(f"Invalid body: {first['msg']}")
