@@ -1,0 +1,429 @@
+"""A Python client for the FreeInference Batch API (`requests`-based, typed with pydantic).
+
+    from freeinference_batch.client import BatchClient
+
+    client = BatchClient()                      # FREEINFERENCE_API_KEY / FREEINFERENCE_BASE_URL
+    batch = client.create([{"custom_id": "q-1", "body": {"model": "glm-5.3-flash", "messages": [...]}}])
+    batch = client.wait(batch.id)
+    for line in client.iter_results(batch.id):
+        print(line.custom_id, line.status)
+
+Reads (GET) are retried on 429, 5xx and connection errors with exponential backoff and jitter,
+honouring `Retry-After`. Writes (create, cancel, delete) are retried only when the request
+certainly never reached the server (the connection could not be opened); a 5xx or a timeout on
+a write is raised, since the write may have happened. Create bodies over 1 MiB are sent gzipped
+(the server's 32 MiB limit applies to the decompressed body; API Gateway in front of it takes
+10 MB at most on the wire).
+
+This is user-side code: it reads its defaults from the environment itself (the server's code
+reads the environment only through `settings.py`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import gzip
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import requests
+from pydantic import BaseModel, ConfigDict
+
+DEFAULT_BASE_URL = "https://freeinference.org/v1"
+API_KEY_ENV = "FREEINFERENCE_API_KEY"
+BASE_URL_ENV = "FREEINFERENCE_BASE_URL"
+# Create bodies larger than this are gzipped.
+GZIP_THRESHOLD_BYTES = 1024 * 1024
+FINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A Retry-After longer than this is not waited for: the error is raised at once.
+MAX_RETRY_AFTER_SECONDS = 120.0
+
+try:  # the package version, for the User-Agent
+    from importlib.metadata import version as _version
+
+    _USER_AGENT = f"freeinference-batch/{_version('freeinference-batch')}"
+except Exception:  # pragma: no cover - not installed as a distribution
+    _USER_AGENT = "freeinference-batch"
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+class BatchClientError(Exception):
+    """Anything the client raises about talking to the API."""
+
+
+class BatchApiError(BatchClientError):
+    """An error answer of the API: its HTTP `status`, the error `code` and `message`."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str | None,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        body: Any = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code or 'error'}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.body = body
+        self.retry_after = retry_after
+
+
+class BatchConnectionError(BatchClientError):
+    """The API could not be reached (after the retries allowed), or did not answer in time."""
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    # Lenient: fields a newer server adds are kept, not refused.
+    model_config = ConfigDict(extra="allow")
+
+
+class RequestCounts(_Model):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchFailure(_Model):
+    """Why a whole batch failed (`Batch.error`)."""
+
+    code: str
+    message: str
+
+
+class Batch(_Model):
+    id: str
+    object: str = "batch"
+    endpoint: str = "/v1/chat/completions"
+    errors: Any = None
+    input_file_id: str | None = None
+    completion_window: str
+    status: str
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None = None
+    cost_usd: float = 0.0
+    error: BatchFailure | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
+class ResultResponse(_Model):
+    status_code: int
+    request_id: str
+    body: dict[str, Any]
+
+
+class ResultError(_Model):
+    code: str
+    message: str
+    status: int | None = None
+
+
+class ResultLine(_Model):
+    id: str
+    custom_id: str
+    status: str
+    response: ResultResponse | None = None
+    error: ResultError | None = None
+
+
+T = TypeVar("T")
+
+
+class Page(_Model, Generic[T]):
+    object: str = "list"
+    data: list[T]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class DeletedBatch(_Model):
+    id: str
+    object: str = "batch.deleted"
+    deleted: bool
+
+
+# ---- encoding -------------------------------------------------------------------------------
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON, the encoding the client sends (and the CLI measures batches with)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_create_body(requests_: Sequence[Mapping[str, Any]], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The create body, exactly as `create` sends it (before any gzip)."""
+    document: dict[str, Any] = {"requests": list(requests_)}
+    if metadata is not None:
+        document["metadata"] = dict(metadata)
+    return encode_json(document)
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+
+
+def _never_sent(error: requests.RequestException) -> bool:
+    """True when the connection could not even be opened, so the request cannot have arrived."""
+    if isinstance(error, requests.exceptions.ConnectTimeout):
+        return True
+    if not isinstance(error, requests.exceptions.ConnectionError) or isinstance(error, requests.exceptions.SSLError):
+        return False
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+
+    cause: Any = error.args[0] if error.args else None
+    if isinstance(cause, MaxRetryError):
+        cause = cause.reason
+    return isinstance(cause, NewConnectionError)
+
+
+def api_error_from_response(response: requests.Response) -> BatchApiError:
+    """A BatchApiError from an error answer: the API's `{"error": {...}}` body, API Gateway's
+    `{"message": ...}`, or the plain text of anything else."""
+    retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        return BatchApiError(
+            response.status_code,
+            error.get("code"),
+            str(error.get("message") or response.reason or "error"),
+            type=error.get("type"),
+            param=error.get("param"),
+            body=body,
+            retry_after=retry_after,
+        )
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return BatchApiError(response.status_code, None, body["message"], body=body, retry_after=retry_after)
+    text = (response.text or "").strip()[:500] or str(response.reason or "error")
+    return BatchApiError(response.status_code, None, text, body=body, retry_after=retry_after)
+
+
+# ---- the client -----------------------------------------------------------------------------
+
+
+class BatchClient:
+    """The six endpoints of the Batch API, plus paging and waiting helpers.
+
+    `api_key` and `base_url` default to FREEINFERENCE_API_KEY and FREEINFERENCE_BASE_URL (then
+    https://freeinference.org/v1); the environment is read only for arguments left as None.
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        timeout: float = 120,
+        max_retries: int = 5,
+        session: requests.Session | None = None,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        if api_key is None:
+            api_key = os.environ.get(API_KEY_ENV)
+        if not api_key:
+            raise BatchClientError(f"No API key: pass api_key= or set {API_KEY_ENV}")
+        if base_url is None:
+            base_url = os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
+        self.api_key = api_key
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.max_retries = max(0, max_retries)
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.session = session if session is not None else requests.Session()
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": _USER_AGENT, "Accept": "application/json"}
+        self._sleep: Callable[[float], None] = time.sleep  # replaced in tests
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _backoff(self, attempt: int, retry_after: float | None = None) -> float:
+        delay = min(self.backoff_max, self.backoff_base * (2**attempt))
+        delay = delay / 2 + random.uniform(0, delay / 2)  # jitter: between half and all of it
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        return delay
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotent: bool,
+    ) -> Any:
+        url = f"{self.base_url}{path}"
+        all_headers = {**self._headers, **(headers or {})}
+        query = {name: value for name, value in (params or {}).items() if value is not None}
+        attempt = 0
+        while True:
+            try:
+                response = self.session.request(
+                    method, url, params=query or None, data=data, headers=all_headers, timeout=self.timeout
+                )
+            except requests.RequestException as error:
+                if attempt < self.max_retries and (idempotent or _never_sent(error)):
+                    self._sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                raise BatchConnectionError(f"{method} {url}: {error}") from error
+            if response.status_code < 400:
+                try:
+                    return response.json()
+                except ValueError:
+                    raise BatchApiError(
+                        response.status_code, None, f"The answer is not JSON: {response.text[:200]!r}"
+                    ) from None
+            error = api_error_from_response(response)
+            retryable = (
+                idempotent
+                and response.status_code in RETRY_STATUSES
+                and error.code != "quota_exceeded"  # lasts until 00:00 UTC: no point retrying
+                and (error.retry_after is None or error.retry_after <= MAX_RETRY_AFTER_SECONDS)
+            )
+            if retryable and attempt < self.max_retries:
+                self._sleep(self._backoff(attempt, error.retry_after))
+                attempt += 1
+                continue
+            raise error
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        return self._request("GET", path, params=params, idempotent=True)
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    def create(self, requests: Sequence[Mapping[str, Any]], metadata: Mapping[str, str] | None = None) -> Batch:
+        """POST /batches: `requests` are OpenAI batch-input lines ({custom_id, method, url, body})."""
+        return self.create_encoded(encode_create_body(requests, metadata))
+
+    def create_encoded(self, body: bytes) -> Batch:
+        """POST /batches with a body already encoded (see `encode_create_body`); gzipped when large."""
+        headers = {"Content-Type": "application/json"}
+        if len(body) > GZIP_THRESHOLD_BYTES:
+            body = gzip.compress(body, compresslevel=6)
+            headers["Content-Encoding"] = "gzip"
+        return Batch.model_validate(self._request("POST", "/batches", data=body, headers=headers, idempotent=False))
+
+    def retrieve(self, batch_id: str) -> Batch:
+        """GET /batches/{batch_id}."""
+        return Batch.model_validate(self._get(f"/batches/{_segment(batch_id)}"))
+
+    def list(self, limit: int | None = None, after: str | None = None) -> Page[Batch]:
+        """GET /batches: one page of your batches, newest first (limit 1-100, default 20)."""
+        return Page[Batch].model_validate(self._get("/batches", {"limit": limit, "after": after}))
+
+    def iter_batches(self, page_size: int = 100) -> Iterator[Batch]:
+        """Every batch of yours, newest first, paging as needed."""
+        after = None
+        while True:
+            page = self.list(limit=page_size, after=after)
+            yield from page.data
+            if not page.has_more or not page.last_id:
+                return
+            after = page.last_id
+
+    def cancel(self, batch_id: str) -> Batch:
+        """POST /batches/{batch_id}/cancel (a finished batch comes back unchanged)."""
+        return Batch.model_validate(self._request("POST", f"/batches/{_segment(batch_id)}/cancel", idempotent=False))
+
+    def delete(self, batch_id: str) -> DeletedBatch:
+        """DELETE /batches/{batch_id}: the batch with its results (409 while a request runs)."""
+        return DeletedBatch.model_validate(self._request("DELETE", f"/batches/{_segment(batch_id)}", idempotent=False))
+
+    def results(self, batch_id: str, limit: int | None = None, after: str | None = None) -> Page[ResultLine]:
+        """GET /batches/{batch_id}/results: one page (limit 1-1000, default 100), in submission order."""
+        return Page[ResultLine].model_validate(
+            self._get(f"/batches/{_segment(batch_id)}/results", {"limit": limit, "after": after})
+        )
+
+    def iter_results(self, batch_id: str, page_size: int = 1000) -> Iterator[ResultLine]:
+        """Every result line of the batch, in submission order, paging as needed."""
+        after = None
+        while True:
+            page = self.results(batch_id, limit=page_size, after=after)
+            yield from page.data
+            if not page.has_more or not page.last_id:
+                return
+            after = page.last_id
+
+    def wait(
+        self,
+        batch_id: str,
+        poll_interval: float = 10.0,
+        timeout: float | None = None,
+        on_update: Callable[[Batch], None] | None = None,
+    ) -> Batch:
+        """Poll the batch until its status is final; answers the final batch object.
+
+        `on_update` is called with every batch object read; TimeoutError after `timeout` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = self.retrieve(batch_id)
+            if on_update is not None:
+                on_update(batch)
+            if batch.is_final:
+                return batch
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"batch {batch_id} is still {batch.status} after {timeout} s")
+            pause = poll_interval
+            if deadline is not None:
+                pause = max(0.0, min(pause, deadline - time.monotonic()))
+            self._sleep(pause)
+
+
+def _segment(batch_id: str) -> str:
+    """A batch id as one path segment (the API answers 404 for ids that are not batch ids)."""
+    if not batch_id:
+        raise ValueError("batch_id must be a non-empty string")
+    return requests.utils.quote(batch_id, safe="")

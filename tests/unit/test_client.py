@@ -1,0 +1,337 @@
+"""BatchClient against a fake session: URLs, headers, gzip, paging, retries, errors, waiting."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+import pytest
+import requests
+from freeinference_batch import client as client_module
+from freeinference_batch.client import (
+    DEFAULT_BASE_URL,
+    Batch,
+    BatchApiError,
+    BatchClient,
+    BatchClientError,
+    BatchConnectionError,
+    encode_create_body,
+)
+from urllib3.exceptions import MaxRetryError, NewConnectionError
+
+KEY = "hyi-test-key"
+BATCH_ID = "batch_" + "a" * 32
+
+
+def batch_json(status: str = "validating", **fields: Any) -> dict:
+    return {
+        "id": BATCH_ID, "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
+        "input_file_id": None, "completion_window": "24h", "status": status, "output_file_id": None,
+        "error_file_id": None, "created_at": 100, "in_progress_at": None, "expires_at": 86500,
+        "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
+        "cancelling_at": None, "cancelled_at": None, "request_counts": {"total": 2, "completed": 0, "failed": 0},
+        "metadata": None, "cost_usd": 0.0, "error": None, **fields,
+    }
+
+
+def result_json(number: int, status: str = "completed") -> dict:
+    return {"id": f"batch_req_{number}", "custom_id": f"q-{number}", "status": status,
+            "response": {"status_code": 200, "request_id": f"req_{number}", "body": {"id": "c"}}
+            if status == "completed" else None,
+            "error": None if status == "completed" else {"code": "timeout", "message": "slow", "status": 504}}
+
+
+def page(data: list, has_more: bool = False) -> dict:
+    return {"object": "list", "data": data, "has_more": has_more,
+            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+
+def error_json(message: str, code: str, type_: str = "invalid_request_error", param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "code": code, "param": param}}
+
+
+def response(status: int, body: Any = None, headers: dict | None = None, raw: bytes | None = None) -> requests.Response:
+    answer = requests.Response()
+    answer.status_code = status
+    answer._content = raw if raw is not None else json.dumps(body).encode()
+    answer.headers.update(headers or {})
+    answer.headers.setdefault("Content-Type", "application/json")
+    return answer
+
+
+class FakeSession:
+    """Answers queued responses (or raises queued exceptions) and records every call."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.calls: list[dict] = []
+
+    def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        self.calls.append({"method": method, "url": url, **kwargs})
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def make(*answers: Any, **options: Any) -> tuple[BatchClient, FakeSession, list[float]]:
+    session = FakeSession(*answers)
+    client = BatchClient(KEY, "http://api.test/v1/", session=session, **options)  # type: ignore[arg-type]
+    sleeps: list[float] = []
+    client._sleep = sleeps.append
+    return client, session, sleeps
+
+
+def connect_error() -> requests.ConnectionError:
+    reason = NewConnectionError(None, "Connection refused")  # type: ignore[arg-type]
+    return requests.ConnectionError(MaxRetryError(None, "/v1/batches", reason))  # type: ignore[arg-type]
+
+
+# ---- configuration ----------------------------------------------------------------------
+
+
+def test_defaults_come_from_the_environment_only_when_arguments_are_none(monkeypatch):
+    monkeypatch.setenv("FREEINFERENCE_API_KEY", "hyi-from-env")
+    monkeypatch.setenv("FREEINFERENCE_BASE_URL", "http://env.test/v1/")
+    from_env = BatchClient()
+    assert from_env.api_key == "hyi-from-env" and from_env.base_url == "http://env.test/v1"
+    explicit = BatchClient("hyi-given", "http://given.test/v1")
+    assert explicit.api_key == "hyi-given" and explicit.base_url == "http://given.test/v1"
+    monkeypatch.delenv("FREEINFERENCE_BASE_URL")
+    assert BatchClient().base_url == DEFAULT_BASE_URL == "https://freeinference.org/v1"
+
+
+def test_a_missing_key_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("FREEINFERENCE_API_KEY", raising=False)
+    with pytest.raises(BatchClientError, match="FREEINFERENCE_API_KEY"):
+        BatchClient()
+
+
+# ---- endpoints ---------------------------------------------------------------------------
+
+
+def test_create_posts_the_requests_with_the_key():
+    client, session, _ = make(response(200, batch_json()))
+    lines = [{"custom_id": "q-1", "body": {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "hi"}]}}]
+    batch = client.create(lines, metadata={"project": "p"})
+    assert isinstance(batch, Batch) and batch.id == BATCH_ID and batch.status == "validating"
+    call = session.calls[0]
+    assert (call["method"], call["url"]) == ("POST", "http://api.test/v1/batches")
+    assert call["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert call["headers"]["Content-Type"] == "application/json"
+    assert "Content-Encoding" not in call["headers"]
+    assert json.loads(call["data"]) == {"requests": lines, "metadata": {"project": "p"}}
+    assert call["timeout"] == 120
+
+
+def test_large_create_bodies_are_gzipped():
+    client, session, _ = make(response(200, batch_json()))
+    body = {"model": "m", "messages": [{"content": "x" * 1000}]}
+    lines = [{"custom_id": f"q-{i}", "body": body} for i in range(1200)]
+    client.create(lines)
+    call = session.calls[0]
+    assert call["headers"]["Content-Encoding"] == "gzip"
+    assert gzip.decompress(call["data"]) == encode_create_body(lines)
+    assert len(call["data"]) < len(encode_create_body(lines)) / 10
+
+
+def test_retrieve_list_cancel_delete_results_urls():
+    client, session, _ = make(
+        response(200, batch_json()),
+        response(200, page([batch_json()])),
+        response(200, batch_json("cancelled")),
+        response(200, {"id": BATCH_ID, "object": "batch.deleted", "deleted": True}),
+        response(200, page([result_json(1)])),
+    )
+    assert client.retrieve(BATCH_ID).id == BATCH_ID
+    listed = client.list(limit=5, after="batch_x")
+    assert listed.data[0].id == BATCH_ID and not listed.has_more
+    assert client.cancel(BATCH_ID).status == "cancelled"
+    deleted = client.delete(BATCH_ID)
+    assert deleted.deleted and deleted.object == "batch.deleted"
+    results = client.results(BATCH_ID, limit=10)
+    assert results.data[0].response.request_id == "req_1"
+    assert [(c["method"], c["url"], c["params"]) for c in session.calls] == [
+        ("GET", f"http://api.test/v1/batches/{BATCH_ID}", None),
+        ("GET", "http://api.test/v1/batches", {"limit": 5, "after": "batch_x"}),
+        ("POST", f"http://api.test/v1/batches/{BATCH_ID}/cancel", None),
+        ("DELETE", f"http://api.test/v1/batches/{BATCH_ID}", None),
+        ("GET", f"http://api.test/v1/batches/{BATCH_ID}/results", {"limit": 10}),
+    ]
+
+
+def test_ids_are_sent_as_one_path_segment():
+    client, session, _ = make(response(404, error_json("not found", "batch_not_found", "not_found_error")))
+    with pytest.raises(BatchApiError):
+        client.retrieve("../x?y")
+    assert session.calls[0]["url"] == "http://api.test/v1/batches/..%2Fx%3Fy"
+    with pytest.raises(ValueError):
+        client.retrieve("")
+
+
+def test_iter_results_pages_with_after():
+    client, session, _ = make(
+        response(200, page([result_json(1), result_json(2)], has_more=True)),
+        response(200, page([result_json(3, "failed")], has_more=False)),
+    )
+    lines = list(client.iter_results(BATCH_ID, page_size=2))
+    assert [line.custom_id for line in lines] == ["q-1", "q-2", "q-3"]
+    assert lines[2].error.code == "timeout" and lines[2].error.status == 504
+    assert [c["params"] for c in session.calls] == [{"limit": 2}, {"limit": 2, "after": "batch_req_2"}]
+
+
+def test_iter_batches_pages_with_after():
+    first = batch_json()
+    second = {**batch_json(), "id": "batch_" + "b" * 32}
+    client, session, _ = make(response(200, page([first], has_more=True)), response(200, page([second])))
+    assert [batch.id for batch in client.iter_batches(page_size=1)] == [first["id"], second["id"]]
+    assert session.calls[1]["params"] == {"limit": 1, "after": first["id"]}
+
+
+def test_unknown_fields_are_kept():
+    client, _, _ = make(response(200, batch_json(new_field=1)))
+    assert client.retrieve(BATCH_ID).model_extra == {"new_field": 1}
+
+
+# ---- errors and retries --------------------------------------------------------------------
+
+
+def test_errors_raise_batch_api_error_with_status_code_and_message():
+    body = error_json("requests[0] (custom_id 'a'): Model 'x' not found", "model_not_found", param=None)
+    client, _, sleeps = make(response(400, body))
+    with pytest.raises(BatchApiError) as caught:
+        client.create([{"custom_id": "a", "body": {}}])
+    error = caught.value
+    assert (error.status, error.code, error.type) == (400, "model_not_found", "invalid_request_error")
+    assert error.message == "requests[0] (custom_id 'a'): Model 'x' not found"
+    assert "400" in str(error) and "model_not_found" in str(error)
+    assert sleeps == []
+
+
+def test_gateway_and_non_json_errors_still_have_a_message():
+    client, _, _ = make(response(404, {"message": "Not Found"}), response(502, raw=b"Bad gateway", headers={}),
+                        max_retries=0)
+    with pytest.raises(BatchApiError) as caught:
+        client.retrieve(BATCH_ID)
+    assert (caught.value.status, caught.value.code, caught.value.message) == (404, None, "Not Found")
+    with pytest.raises(BatchApiError) as caught:
+        client.retrieve(BATCH_ID)
+    assert caught.value.status == 502 and caught.value.message == "Bad gateway"
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+def test_reads_are_retried_on_429_and_5xx_with_growing_backoff(status):
+    failing = [response(status, error_json("busy", "x")) for _ in range(3)]
+    client, session, sleeps = make(*failing, response(200, batch_json()))
+    assert client.retrieve(BATCH_ID).id == BATCH_ID
+    assert len(session.calls) == 4
+    assert len(sleeps) == 3
+    # Jittered exponential backoff: attempt n waits between half and all of base * 2**n.
+    for attempt, delay in enumerate(sleeps):
+        assert 0.5 * 0.5 * 2**attempt <= delay <= 0.5 * 2**attempt
+
+
+def test_reads_give_up_after_max_retries():
+    client, session, sleeps = make(*[response(503, error_json("down", "service_unavailable"))] * 3, max_retries=2)
+    with pytest.raises(BatchApiError) as caught:
+        client.list()
+    assert caught.value.status == 503
+    assert len(session.calls) == 3 and len(sleeps) == 2
+
+
+def test_backoff_is_capped():
+    client, _, _ = make(backoff_base=1, backoff_max=4)
+    assert all(client._backoff(attempt) <= 4 for attempt in range(20))
+
+
+def test_retry_after_is_honoured():
+    client, _, sleeps = make(response(429, error_json("slow down", "rate_limited"), {"Retry-After": "7"}),
+                             response(200, batch_json()))
+    client.retrieve(BATCH_ID)
+    assert sleeps == [7.0]
+
+
+def test_a_very_long_retry_after_is_not_waited_for():
+    client, session, sleeps = make(response(429, error_json("later", "rate_limited"), {"Retry-After": "3600"}))
+    with pytest.raises(BatchApiError) as caught:
+        client.retrieve(BATCH_ID)
+    assert caught.value.retry_after == 3600
+    assert sleeps == [] and len(session.calls) == 1
+
+
+def test_quota_exceeded_is_not_retried():
+    client, session, _ = make(response(429, error_json("quota", "quota_exceeded", "rate_limit_error")))
+    with pytest.raises(BatchApiError) as caught:
+        client.retrieve(BATCH_ID)
+    assert caught.value.code == "quota_exceeded" and len(session.calls) == 1
+
+
+def test_reads_are_retried_on_connection_errors_and_timeouts():
+    client, session, sleeps = make(requests.ConnectionError("reset"), requests.ReadTimeout("slow"),
+                                   response(200, page([])))
+    assert client.list().data == []
+    assert len(session.calls) == 3 and len(sleeps) == 2
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_writes_are_not_retried_on_429_or_5xx(status):
+    client, session, sleeps = make(response(status, error_json("no", "x")), response(200, batch_json()))
+    with pytest.raises(BatchApiError):
+        client.create([{"custom_id": "a", "body": {}}])
+    assert len(session.calls) == 1 and sleeps == []
+
+
+@pytest.mark.parametrize("method", ["create", "cancel", "delete"])
+def test_writes_are_not_retried_when_the_request_may_have_arrived(method):
+    client, session, _ = make(requests.ReadTimeout("no answer"), requests.ConnectionError("reset by peer"))
+    call = {"create": lambda: client.create([]), "cancel": lambda: client.cancel(BATCH_ID),
+            "delete": lambda: client.delete(BATCH_ID)}[method]
+    with pytest.raises(BatchConnectionError):
+        call()
+    with pytest.raises(BatchConnectionError):
+        call()
+    assert len(session.calls) == 2
+
+
+def test_writes_are_retried_when_the_connection_could_not_be_opened():
+    client, session, sleeps = make(connect_error(), requests.ConnectTimeout("connect"), response(200, batch_json()))
+    assert client.create([{"custom_id": "a", "body": {}}]).id == BATCH_ID
+    assert len(session.calls) == 3 and len(sleeps) == 2
+
+
+def test_connection_errors_after_the_retries_are_batch_connection_errors():
+    client, _, _ = make(*[requests.ConnectionError("down")] * 2, max_retries=1)
+    with pytest.raises(BatchConnectionError, match="down"):
+        client.retrieve(BATCH_ID)
+
+
+# ---- waiting ---------------------------------------------------------------------------
+
+
+def test_wait_polls_until_final_and_reports_each_update():
+    client, _, sleeps = make(
+        response(200, batch_json("validating")),
+        response(200, batch_json("in_progress")),
+        response(200, batch_json("completed", request_counts={"total": 2, "completed": 2, "failed": 0})),
+    )
+    seen = []
+    final = client.wait(BATCH_ID, poll_interval=3, on_update=lambda batch: seen.append(batch.status))
+    assert final.status == "completed" and final.is_final
+    assert seen == ["validating", "in_progress", "completed"]
+    assert sleeps == [3, 3]
+
+
+def test_wait_times_out(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: now[0])
+    client, _, sleeps = make(*[response(200, batch_json("in_progress"))] * 10)
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    client._sleep = sleep
+    with pytest.raises(TimeoutError, match="in_progress"):
+        client.wait(BATCH_ID, poll_interval=2, timeout=5)
+    assert sum(sleeps) == pytest.approx(5)
