@@ -4,12 +4,14 @@ pump that delivers queue messages to the worker handler the way Lambda's poller 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import boto3
 import pytest
+from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, clock
 from freeinference_batch.local.apigw import build_event
 from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
@@ -149,8 +151,22 @@ def sample_request(custom_id: str, content: str = "Say hello.", model: str = "gl
             "body": {"model": model, "messages": [{"role": "user", "content": content}], **body}}
 
 
+_moto_lock = threading.RLock()
+
+
+def _serialized(call):
+    # moto's in-process backends are not thread-safe and the worker runs its records in
+    # threads; the local stack serializes its moto server the same way.
+    def locked(self, *args, **kwargs):
+        with _moto_lock:
+            return call(self, *args, **kwargs)
+
+    return locked
+
+
 @pytest.fixture
 def harness(monkeypatch, tmp_path, upstream):
+    monkeypatch.setattr(BaseClient, "_make_api_call", _serialized(BaseClient._make_api_call))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

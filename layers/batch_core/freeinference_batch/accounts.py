@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from freeinference_batch import clock, errors
-from freeinference_batch.catalog import NANO_PER_USD, load_catalog
+from freeinference_batch.catalog import NANO_PER_USD, Catalog, load_catalog
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 
@@ -320,6 +320,12 @@ def owner_check(settings: Settings, key_hash: str, account_id: str, *, at: float
     key_item, account, usage_nano = accounts_table.get_key_account_and_usage(
         settings, key_hash, account_id, clock.utc_day(at)
     )
+    return judge_owner(load_catalog(settings.model_catalog_path), account_id, key_item, account, usage_nano, at)
+
+
+def judge_owner(catalog: Catalog, account_id: str, key_item: dict | None, account: dict | None, usage_nano: int,
+                at: float) -> OwnerState:
+    """The owner re-check on items already read (the worker reads them with the batch in one call)."""
     problem = _key_problem(key_item, at)
     if problem is None and key_item is not None and key_item.get("account_id") != account_id:
         problem = INVALID_KEY_MESSAGE
@@ -329,7 +335,7 @@ def owner_check(settings: Settings, key_hash: str, account_id: str, *, at: float
     assert account is not None
     tier = account.get("tier", DEFAULT_TIER)
     concurrency_limit = int(account.get("concurrency_limit", 0))
-    if not load_catalog(settings.model_catalog_path).tier_may_batch(tier):
+    if not catalog.tier_may_batch(tier):
         return OwnerState(
             status=OwnerStatus.NO_BATCH_ACCESS,
             concurrency_limit=concurrency_limit,

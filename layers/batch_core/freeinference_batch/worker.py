@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from freeinference_batch import clock, dispatch, lifecycle, upstream
+from freeinference_batch import accounts, clock, dispatch, lifecycle, upstream
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.observability import logger, metrics
 from freeinference_batch.schemas import RequestMessage
@@ -125,16 +125,18 @@ class Worker:
             lifecycle.try_finalize(self.settings, self.table, meta, now)
             return Done()
         # Gate 3: the owner, checked again before every run.
-        refusal = self._owner_refusal(meta, key_item, account, now)
-        if refusal:
-            logger.info("owner no longer valid: failing the batch", extra={**log, "reason": refusal})
-            lifecycle.fail_batch(self.settings, self.table, meta, now, "owner_unauthorized", refusal)
+        owner = accounts.judge_owner(self.catalog, meta["account_id"], key_item or None, account or None,
+                                     int(usage.get("cost_nano", 0)), now)
+        if owner.status == accounts.OwnerStatus.UNAUTHORIZED:
+            logger.info("owner no longer valid: failing the batch", extra={**log, "reason": owner.reason})
+            lifecycle.fail_batch(self.settings, self.table, meta, now, "owner_unauthorized",
+                                 f"The key or account that created the batch is no longer valid: {owner.reason}")
             return Done()
-        if usage.get("cost_nano", 0) >= account.get("daily_quota_nano", 0):
-            wake = clock.next_utc_midnight(now) + random.uniform(1, 30)
+        if owner.status == accounts.OwnerStatus.QUOTA_EXHAUSTED:
+            assert owner.resume_at is not None
             _metric("RequestsParked")
-            return self._park_long(message, meta, wake - now)
-        if not self.catalog.tier_may_batch(account.get("tier", "")):
+            return self._park_long(message, meta, owner.resume_at + random.uniform(1, 30) - now)
+        if owner.status == accounts.OwnerStatus.NO_BATCH_ACCESS:
             _metric("RequestsParked")
             return self._park_long(message, meta, ACCESS_WAIT_SECONDS)
         # Gate 4: room on the model and in the account's concurrency.
@@ -168,7 +170,7 @@ class Worker:
             ),
             self.leases.acquire_element(model_slots_key(message.model), token, capacity, lease_until),
             self.leases.acquire_element(account_slots_key(meta["account_id"]), token,
-                                        int(account.get("concurrency_limit", 1)), lease_until),
+                                        owner.concurrency_limit, lease_until),
         ]
         for attempt in range(2):
             try:
@@ -217,15 +219,6 @@ class Worker:
             logger.error("message owner does not match its batch", extra={"batch_id": message.batch_id})
             return None, {}, {}, {}, {}
         return meta, *(pick(k) for k in accounts_keys)  # type: ignore[return-value]
-
-    def _owner_refusal(self, meta: dict, key_item: dict, account: dict, now: float) -> str | None:
-        if not key_item or key_item.get("status") != "active":
-            return "The API key that created the batch has been revoked"
-        if key_item.get("expires_at") and key_item["expires_at"] <= now:
-            return "The API key that created the batch has expired"
-        if not account or account.get("status") != "active":
-            return f"The account that created the batch is {account.get('status', 'deleted')}"
-        return None
 
     def _request_body(self, meta: dict, position: int) -> dict:
         starts = meta["chunk_starts"]

@@ -225,18 +225,23 @@ def submit(
     client = make_client()
     manifest_path = manifest_path or openai_files.default_manifest_path(file)
     digest = openai_files.file_sha256(file)
-    resumed = manifest_path.exists()
-    if resumed:
-        manifest = _resume_manifest(manifest_path, digest, client, metadata if metadata_pairs else None)
-    else:
+    manifest = None
+    if manifest_path.exists():
+        earlier = _load_manifest(manifest_path)
+        same_job = earlier.input_sha256 == digest and earlier.base_url.rstrip("/") == client.base_url
+        if same_job and not earlier.complete:
+            _adopt_created(client, earlier, manifest_path)
+        if earlier.batch_ids():
+            manifest = _resume_manifest(manifest_path, earlier, digest, client, metadata if metadata_pairs else None)
+        else:
+            _echo_err(f"{manifest_path}: no batch of the earlier attempt was created; starting the job afresh")
+    if manifest is None:
         manifest = Manifest(
             input=str(file), input_sha256=digest, base_url=client.base_url, requests=len(items),
             max_requests=max_requests, max_body_bytes=max_body_bytes, metadata=metadata, parts=parts,
         )
         manifest.save(manifest_path)
 
-    if resumed and not manifest.complete:
-        _adopt_created(client, manifest, manifest_path)
     created = _create_missing(client, manifest, manifest_path, items, wait=wait or output is not None,
                               poll_interval=poll_interval)
     total = len(manifest.parts)
@@ -253,12 +258,16 @@ def submit(
             _write_results(client, target, output, errors_path)
 
 
-def _resume_manifest(path: Path, digest: str, client: BatchClient, metadata: dict[str, str] | None) -> Manifest:
+def _load_manifest(path: Path) -> Manifest:
     try:
-        manifest = Manifest.load(path)
+        return Manifest.load(path)
     except (OSError, ValueError) as error:
         raise click.ClickException(f"{path} exists but is not a readable manifest ({error}); "
                                    "remove it or pass another --manifest") from None
+
+
+def _resume_manifest(path: Path, manifest: Manifest, digest: str, client: BatchClient,
+                     metadata: dict[str, str] | None) -> Manifest:
     if manifest.input_sha256 != digest:
         raise click.ClickException(
             f"{path} records a job for a different version of {manifest.input} (the file changed since); "
@@ -321,8 +330,11 @@ def _create_missing(client: BatchClient, manifest: Manifest, path: Path, items: 
                         told_waiting = True
                     time.sleep(max(poll_interval, 1.0))
                     continue
-                hint = (f"{done} of {len(manifest.parts)} batches are created and recorded in {path}; "
-                        f"run the same submit again to create the rest")
+                if done:
+                    hint = (f"{done} of {len(manifest.parts)} batches are created and recorded in {path}; "
+                            "run the same submit again to create the rest")
+                else:
+                    hint = "no batch of this job was created; run the same submit again once that is fixed"
                 if error.status == 429 and error.code == "too_many_unfinished_batches":
                     hint += " once some have finished (or add --wait to wait for a free slot)"
                 raise click.ClickException(
