@@ -19,8 +19,6 @@ from freeinference_batch.observability import logger, metrics, tracer
 from freeinference_batch.settings import get_settings
 from freeinference_batch.worker import Done, Worker
 
-# A batch whose every message was parked is normal (all waiting for slots): report them, don't raise.
-processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 # Up to a full SQS batch (10) of upstream calls at once: they mostly wait on the network.
 executor = ThreadPoolExecutor(max_workers=10)
 
@@ -40,5 +38,9 @@ async def handle_record(record: SQSRecord) -> None:
 @logger.inject_lambda_context(log_event=False)
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
+    # A processor per invocation: it holds the invocation's records, and the local stack runs
+    # several invocations at once in one process (Lambda never does in one container).
+    # A batch whose every message was parked is normal (all waiting for slots): report, don't raise.
+    processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
     return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
                                           context=context)
