@@ -262,6 +262,13 @@ class ApiGatewayHandler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET
 
+    def __getattr__(self, name: str) -> Any:
+        # Any other method (TRACE, CONNECT, made-up ones) gets API Gateway's answer, a JSON 404
+        # from route matching, not http.server's HTML 501.
+        if name.startswith("do_"):
+            return self._serve
+        raise AttributeError(name)
+
     def _declared_length(self) -> int:
         try:
             return int(self.headers.get("Content-Length") or 0)
