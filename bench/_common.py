@@ -1,0 +1,352 @@
+"""Shared helpers for the benchmarks: payloads, the local stack (subprocess or in-process), HTTP,
+peak memory, profiles and the summary table. Not a test module: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+# Set before the service's modules are imported here: Powertools reads it when its logger is made.
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+PYTHON = sys.executable
+DEV_COMMAND = [PYTHON, "-c", "from freeinference_batch.cli import main; main()", "dev"]
+MODEL = "glm-5.3-flash"
+_LINE = re.compile(r"(?P<base_url>https?://\S+/v1)\b.*?(?P<key>hyi-[A-Za-z0-9_\-]+)")
+FINAL = {"completed", "failed", "expired", "cancelled"}
+# Short schedule/retry timings, as the e2e tests use: nothing in a benchmark should wait a minute.
+SHORT_TIMINGS = {
+    "BATCH_SCHEDULE_SECONDS": "1",
+    "BATCH_RETRY_BASE_SECONDS": "0.2",
+    "BATCH_RETRY_MAX_SECONDS": "1",
+}
+
+_PROMPTS = [
+    "Summarize in one sentence: ",
+    "Translate into French: ",
+    "Classify the sentiment of this review: ",
+    "Extract the people and places named in: ",
+    "Write a one-line title for: ",
+]
+_TEXT = (
+    "the quarterly report shows revenue up four percent on last year, driven by the new subscription "
+    "tier, while support costs fell after the self-service portal launched in March; the board expects "
+    "the trend to hold through the autumn as two more regions go live"
+)
+# 10 MiB / 50,000 requests: the create benchmark's "about 10 MiB of JSON".
+DEFAULT_REQUEST_BYTES = 210
+
+
+def chat_request(i: int, model: str = MODEL, directive: str = "", size: int = DEFAULT_REQUEST_BYTES) -> dict:
+    """One realistic small batch entry: a user message padded/trimmed so the entry's JSON is about
+    `size` bytes (method and url are left to their documented defaults, as clients often do)."""
+    head = _PROMPTS[i % len(_PROMPTS)]
+    tail = f" (#{i})" + (f" {directive}" if directive else "")
+    entry = {
+        "custom_id": f"req-{i:06d}",
+        "body": {"model": model, "messages": [{"role": "user", "content": head + tail}], "max_tokens": 64},
+    }
+    room = max(0, size - len(json.dumps(entry)))
+    text = (_TEXT * (1 + room // len(_TEXT)))[:room].rstrip()
+    entry["body"]["messages"][0]["content"] = head + text + tail
+    return entry
+
+
+def batch_body(
+    n: int, model: str = MODEL, directive: str = "", size: int = DEFAULT_REQUEST_BYTES, **fields: Any
+) -> dict:
+    return {"requests": [chat_request(i, model, directive, size) for i in range(n)], **fields}
+
+
+# ---------------------------------------------------------------- the local stack
+
+
+class StackProcess:
+    """`freeinference-batch dev` as a subprocess (its memory is its own), cwd a fresh temp dir."""
+
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        timeout: float = 90.0,
+        *,
+        paused: bool = False,
+        short_timings: bool = True,
+    ) -> None:
+        """`paused`: run bench/_stack_server.py --paused instead (the same LocalStack, workers paused)."""
+        self.dir = Path(tempfile.mkdtemp(prefix="fi-bench-"))
+        full = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith(("AWS_", "BATCH_", "UPSTREAM_", "POWERTOOLS_"))
+        }
+        full.update(
+            {
+                "PORT": "0",
+                "PYTHONUNBUFFERED": "1",
+                "FREEINFERENCE_REPO_ROOT": str(REPO),
+                "LOCAL_STACK_LOG_LEVEL": "WARNING",
+                "POWERTOOLS_LOG_LEVEL": "WARNING",
+                **(SHORT_TIMINGS if short_timings else {}),
+                **(env or {}),
+            }
+        )
+        self.stderr_path = self.dir / "stack.stderr.log"
+        with open(self.stderr_path, "wb") as stderr:
+            command = [PYTHON, str(REPO / "bench" / "_stack_server.py"), "--paused"] if paused else DEV_COMMAND
+            self.proc = subprocess.Popen(
+                command,
+                cwd=self.dir,
+                env=full,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            line = ""
+        found = _LINE.search(line)
+        if not found:
+            self.stop()
+            tail = self.stderr_path.read_text(errors="replace")[-5000:]
+            raise RuntimeError(f"the local stack did not start: {line!r}\n{tail}")
+        self.base_url, self.key = found["base_url"], found["key"]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def state(self) -> dict[str, Any]:
+        """The stack's state file: its environment (UPSTREAM_BASE_URL, queue URLs...) and base URL."""
+        return json.loads((self.dir / ".local-stack" / "state.json").read_text())
+
+    @property
+    def upstream_url(self) -> str:
+        return self.state()["env"]["UPSTREAM_BASE_URL"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = True) -> Iterator[Any]:
+    """`LocalStack` in this process (for profiles and botocore event hooks)."""
+    import logging
+
+    from freeinference_batch.local.stack import LocalStack
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    for name in ("freeinference_batch", "werkzeug"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    warnings.filterwarnings("ignore", message="No application metrics to publish")
+    state_dir = tempfile.mkdtemp(prefix="fi-bench-")
+    full_env = {**(SHORT_TIMINGS if short_timings else {}), **(env or {})}
+    stack = LocalStack(port=0, env=full_env, state_dir=state_dir, write_state_file=False)
+    real_stdout = sys.stdout
+    sys.stdout = _DropMetricLines(real_stdout)  # the handlers' EMF metrics would bury the figures
+    try:
+        stack.start()
+        yield stack
+    finally:
+        try:
+            stack.stop()
+        finally:
+            sys.stdout = real_stdout
+
+
+class _DropMetricLines(io.TextIOBase):
+    """A stdout that drops the Powertools EMF metric lines (`{"_aws": ...}`) and passes the rest."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.pending = ""
+        self.lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self.pending += text
+            *lines, self.pending = self.pending.split("\n")
+            for line in lines:
+                if not line.startswith('{"_aws"'):
+                    self.target.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.pending and not self.pending.startswith('{"_aws"'):
+                self.target.write(self.pending)
+                self.pending = ""
+            self.target.flush()
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+class Client:
+    def __init__(self, base_url: str, key: str, timeout: float = 300.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {key}"
+        self.last_bytes = 0  # size of the last answer's body
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout", self.timeout)
+        answer = self.session.request(method, self.base_url + path, **kwargs)
+        if answer.status_code >= 400:
+            raise RuntimeError(f"{method} {path} -> {answer.status_code}: {answer.text[:500]}")
+        self.last_bytes = len(answer.content)
+        return answer.json()
+
+    def create(self, data: bytes) -> tuple[dict, float]:
+        """POST /batches with an already-encoded body; returns (batch, wall seconds)."""
+        started = time.perf_counter()
+        batch = self.call("POST", "/batches", data=data, headers={"Content-Type": "application/json"})
+        return batch, time.perf_counter() - started
+
+    def batch(self, batch_id: str) -> dict:
+        return self.call("GET", f"/batches/{batch_id}")
+
+    def cancel(self, batch_id: str) -> dict:
+        return self.call("POST", f"/batches/{batch_id}/cancel")
+
+    def wait_final(self, batch_id: str, timeout: float, interval: float = 0.1) -> tuple[dict, float]:
+        """Poll until the batch is final; returns (batch, seconds waited)."""
+        started = time.perf_counter()
+        while True:
+            batch = self.batch(batch_id)
+            if batch["status"] in FINAL:
+                return batch, time.perf_counter() - started
+            if time.perf_counter() - started > timeout:
+                raise TimeoutError(f"batch {batch_id} not final after {timeout} s: {batch['request_counts']}")
+            time.sleep(interval)
+
+    def read_all(self, batch_id: str, limit: int = 1000) -> tuple[list[dict], list[float]]:
+        """Every result, `limit` a page; returns (results, per-page seconds); page sizes in `page_bytes`."""
+        results: list[dict] = []
+        pages: list[float] = []
+        self.page_bytes: list[int] = []
+        after = None
+        while True:
+            params: dict[str, Any] = {"limit": limit}
+            if after:
+                params["after"] = after
+            started = time.perf_counter()
+            page = self.call("GET", f"/batches/{batch_id}/results", params=params)
+            pages.append(time.perf_counter() - started)
+            self.page_bytes.append(self.last_bytes)
+            results.extend(page["data"])
+            if not page["has_more"]:
+                return results, pages
+            after = page["last_id"]
+
+
+# ---------------------------------------------------------------- memory, profiles, output
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """VmRSS / VmHWM / VmPeak of a process, in KiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM", "VmPeak"):
+                out[name] = int(value.split()[0])
+    return out
+
+
+def reset_peak_rss(pid: int | str) -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs); False if not allowed."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def mib(kib: float) -> str:
+    return f"{kib / 1024:.0f} MiB"
+
+
+class ThreadProfiles:
+    """cProfile for calls made on any thread: wrap a function, every call runs under one shared
+    profiler at a time (cProfile only sees the thread that enabled it)."""
+
+    def __init__(self) -> None:
+        self.stats: pstats.Stats | None = None
+        self._lock = threading.Lock()
+
+    def wrap(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            profile = cProfile.Profile()
+            try:
+                return profile.runcall(function, *args, **kwargs)
+            finally:
+                with self._lock:
+                    if self.stats is None:
+                        self.stats = pstats.Stats(profile, stream=io.StringIO())
+                    else:
+                        self.stats.add(profile)
+
+        return profiled
+
+    def top(self, count: int = 15, sort: str = "cumulative") -> str:
+        if self.stats is None:
+            return "(no calls profiled)"
+        stream = io.StringIO()
+        self.stats.stream = stream
+        self.stats.sort_stats(sort).print_stats(count)
+        text = stream.getvalue()
+        # Drop the preamble up to the column header, keep paths short.
+        text = text[text.find("   ncalls") :] if "   ncalls" in text else text
+        return text.replace(str(REPO) + "/", "").replace(sys.prefix + "/", "")
+
+
+def table(rows: list[tuple[Any, ...]], header: tuple[str, ...]) -> str:
+    cells = [tuple(str(c) for c in header), *[tuple(str(c) for c in row) for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for number, row in enumerate(cells):
+        pairs = enumerate(zip(row, widths, strict=True))
+        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in pairs))
+        if number == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def dumps(body: Any) -> bytes:
+    return json.dumps(body).encode()

@@ -1,0 +1,419 @@
+"""Counting and timing every AWS call of an in-process LocalStack, by who made it.
+
+botocore event hooks (`before-parameter-build.*.*` / `after-call.*.*`, plus `before-send.*.*`
+for HTTP attempts, i.e. retries) are registered on every client the service uses: the cached clients of
+`freeinference_batch.aws` (the functions' code) and each queue poller's own SQS client (the
+stand-in for Lambda's event source mapping). A thread-local label says who is calling: wrappers
+around the API routes, `Worker.handle_record`, the schedule handlers and the pollers set it.
+
+For the cost model each call also gets its billing units:
+- DynamoDB: read request units (4 KB steps, 0.5 for eventually consistent reads, at least one
+  step per key read even when nothing is found) and write request units (1 KB steps; 2x inside
+  TransactWriteItems; each GSI the written item is in costs one more write of its size, all
+  GSIs project ALL). Item sizes come from moto's own store, read under moto's lock right after
+  the call (so they are the sizes DynamoDB would bill, to moto's size rules).
+- SQS: one request per 64 KB of payload (send: message bodies; receive: the answer).
+- S3: one request each.
+
+Nothing here changes the service: it patches functions of this process only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+_local = threading.local()
+
+
+def current_source() -> str:
+    return getattr(_local, "source", None) or "other"
+
+
+class labelled:
+    """Context manager: calls made on this thread inside are labelled `source`."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_local, "source", None)
+        _local.source = self.source
+
+    def __exit__(self, *exc: object) -> None:
+        _local.source = self.previous
+
+
+@dataclass
+class OpStats:
+    calls: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    rru: float = 0.0  # DynamoDB read request units
+    wru: float = 0.0  # DynamoDB write request units
+    sqs_requests: int = 0  # SQS billed requests (64 KB chunks)
+    s3_puts: int = 0
+    s3_gets: int = 0
+    empty: int = 0  # ReceiveMessage answers without messages
+    messages: int = 0  # messages received / sent
+
+
+@dataclass
+class Timings:
+    """Worker-side timings (seconds), filled by the wrappers."""
+
+    handle: list[float] = field(default_factory=list)  # every handle_record
+    handle_with_upstream: list[float] = field(default_factory=list)  # handle_record minus its upstream call
+    upstream: list[float] = field(default_factory=list)
+    queue_wait: list[float] = field(default_factory=list)  # SentTimestamp -> handle_record start
+    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    invocations: list[tuple[int, float]] = field(default_factory=list)  # (messages, seconds)
+    api: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # route -> seconds
+
+
+def _ceil_units(size: int, step: int) -> int:
+    return max(1, math.ceil(size / step))
+
+
+class MotoBusy:
+    """Time spent inside moto (holding its one lock), by operation: wraps the serialized WSGI app."""
+
+    def __init__(self, stack: Any) -> None:
+        self.app = stack.moto.app
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._inner = self.app.app
+        self._lock = threading.Lock()
+
+    def install(self) -> MotoBusy:
+        inner = self._inner
+
+        def timed(environ: dict, start_response: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return inner(environ, start_response)
+            finally:
+                target = environ.get("HTTP_X_AMZ_TARGET", "")
+                op = target.rpartition(".")[2] if target else f"s3 {environ.get('REQUEST_METHOD')}"
+                with self._lock:
+                    self.seconds[op] += time.perf_counter() - started
+                    self.calls[op] += 1
+
+        self.app.app = timed
+        return self
+
+    def uninstall(self) -> None:
+        self.app.app = self._inner
+
+    def reset(self) -> None:
+        with self._lock:
+            self.seconds.clear()
+            self.calls.clear()
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+class AwsCalls:
+    def __init__(self, stack: Any, units: bool = True) -> None:
+        self.stack = stack
+        self.with_units = units
+        self.ops: dict[tuple[str, str], OpStats] = defaultdict(OpStats)
+        self.timings = Timings()
+        self.lock = threading.Lock()
+        self.enabled = True
+        self._moto_lock = stack.moto.app.lock
+        self._tables = self._table_indexes()
+        self._patched: list[tuple[Any, str, Any]] = []
+        # WRU by item kind ("BATCH/META", "MODEL/SLOTS"...) and how much of it is GSI writes.
+        self.wru_by_kind: dict[str, float] = defaultdict(float)
+        self.gsi_wru_by_kind: dict[str, float] = defaultdict(float)
+
+    # ------------------------------------------------------------ installing
+
+    def install(self) -> AwsCalls:
+        from freeinference_batch import aws, upstream, worker
+
+        hooked: set[int] = set()
+        for client in (aws.dynamodb(), aws.sqs(), aws.s3()):
+            hooked.add(id(client))
+            self._hook(client, None)
+        for poller in self.stack.pollers.values():
+            if id(poller.sqs) not in hooked:  # the pollers share one client of their own
+                hooked.add(id(poller.sqs))
+                self._hook(poller.sqs, "poller")
+            self._patch(poller, "handler", self._wrap_invocation(poller.handler))
+        for name, timer in self.stack.timers.items():
+            self._patch(timer, "handler", self._wrap_label(timer.handler, f"schedule:{name}"))
+        for route in self.stack.api.routes:
+            self._patch(route, "handler", self._wrap_api(route.handler, route.route_key))
+        self._patch(worker.Worker, "handle_record", self._wrap_handle_record(worker.Worker.handle_record))
+        self._patch(upstream, "call", self._wrap_upstream(upstream.call))
+        return self
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
+        self.enabled = False
+
+    def reset(self) -> None:
+        with self.lock:
+            self.ops.clear()
+            self.timings = Timings()
+            self.wru_by_kind.clear()
+            self.gsi_wru_by_kind.clear()
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        self._patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
+
+    def _hook(self, client: Any, fixed_source: str | None) -> None:
+        service = client.meta.service_model.service_name
+        events = client.meta.events
+
+        def before_parameter_build(params: dict, context: dict, **_: Any) -> None:
+            context["bench_params"] = params  # the API parameters (before-call only sees the HTTP request)
+            context["bench_started"] = time.perf_counter()
+            _local.attempts = 0
+
+        def before_send(**_: Any) -> None:
+            _local.attempts = getattr(_local, "attempts", 0) + 1
+
+        def after_call(model: Any, parsed: dict, context: dict, http_response: Any = None, **_: Any) -> None:
+            if not self.enabled:
+                return
+            seconds = time.perf_counter() - context.get("bench_started", time.perf_counter())
+            params = context.get("bench_params") or {}
+            source = fixed_source or current_source()
+            try:
+                units = self._units(service, model.name, params, parsed, http_response) if self.with_units else {}
+            except Exception as error:  # a cost estimate must never break the call
+                units = {}
+                print(f"(cost estimate failed for {model.name}: {error!r})")
+            empty = model.name == "ReceiveMessage" and not parsed.get("Messages")
+            name = model.name + (" (empty)" if empty else "")
+            with self.lock:
+                stats = self.ops[(source, f"{service}.{name}")]
+                stats.calls += 1
+                stats.attempts += max(1, getattr(_local, "attempts", 1))
+                stats.seconds += seconds
+                for name, value in units.items():
+                    setattr(stats, name, getattr(stats, name) + value)
+
+        events.register(f"before-parameter-build.{service}.*", before_parameter_build)
+        events.register(f"before-send.{service}.*", before_send)
+        events.register(f"after-call.{service}.*", after_call)
+
+    # ------------------------------------------------------------ wrappers
+
+    def _wrap_label(self, function: Any, source: str) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with labelled(source):
+                return function(*args, **kwargs)
+
+        return wrapped
+
+    def _wrap_api(self, function: Any, route_key: str) -> Any:
+        def wrapped(event: dict, context: Any) -> Any:
+            started = time.perf_counter()
+            with labelled(f"api:{route_key}"):
+                try:
+                    return function(event, context)
+                finally:
+                    with self.lock:
+                        self.timings.api[route_key].append(time.perf_counter() - started)
+
+        return wrapped
+
+    def _wrap_invocation(self, function: Any) -> Any:
+        def wrapped(event: dict, context: Any) -> Any:
+            started = time.perf_counter()
+            with labelled("worker"):
+                try:
+                    return function(event, context)
+                finally:
+                    with self.lock:
+                        self.timings.invocations.append((len(event.get("Records", ())), time.perf_counter() - started))
+
+        return wrapped
+
+    def _wrap_handle_record(self, function: Any) -> Any:
+        timings_of = self
+
+        def handle_record(worker_self: Any, record: dict) -> Any:
+            started = time.perf_counter()
+            sent = float(record.get("attributes", {}).get("SentTimestamp", 0)) / 1000
+            _local.upstream_seconds = 0.0
+            outcome = None
+            with labelled("worker"):
+                try:
+                    outcome = function(worker_self, record)
+                    return outcome
+                finally:
+                    seconds = time.perf_counter() - started
+                    up = getattr(_local, "upstream_seconds", 0.0)
+                    with timings_of.lock:
+                        t = timings_of.timings
+                        t.handle.append(seconds)
+                        if up:
+                            t.handle_with_upstream.append(seconds - up)
+                        if sent:
+                            t.queue_wait.append(max(0.0, time.time() - seconds - sent))
+                        t.outcomes[type(outcome).__name__ if outcome is not None else "raised"] += 1
+
+        return handle_record
+
+    def _wrap_upstream(self, function: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds = time.perf_counter() - started
+                _local.upstream_seconds = getattr(_local, "upstream_seconds", 0.0) + seconds
+                with self.lock:
+                    self.timings.upstream.append(seconds)
+
+        return call
+
+    # ------------------------------------------------------------ billing units
+
+    def _table_indexes(self) -> dict[str, list[list[str]]]:
+        """Table name -> the key attributes of each of its GSIs."""
+        out = {}
+        for table in self._dynamo_backend().tables.values():
+            out[table.name] = [[k["AttributeName"] for k in gsi.schema] for gsi in table.global_indexes]
+        return out
+
+    @staticmethod
+    def _dynamo_backend() -> Any:
+        from freeinference_batch.local.handlers import LOCAL_ACCOUNT_ID, LOCAL_REGION
+        from moto.dynamodb.models import dynamodb_backends
+
+        return dynamodb_backends[LOCAL_ACCOUNT_ID][LOCAL_REGION]
+
+    def _item(self, table_name: str, key: dict) -> Any:
+        backend = self._dynamo_backend()
+        with self._moto_lock:
+            try:
+                return backend.get_item(table_name, key)
+            except Exception:
+                return None
+
+    @staticmethod
+    def _size(item: Any) -> int:
+        try:
+            return int(item.size())
+        except Exception:
+            return len(json.dumps(item.to_json(), default=str))
+
+    def _write_units(self, table_name: str, key: dict, factor: int = 1) -> float:
+        """WRU of one item write: its size in 1 KB steps, once for the table and once per GSI it is in."""
+        item = self._item(table_name, key)
+        if item is None:
+            return factor * 1.0  # deleted (or not created): the minimum
+        size = self._size(item)
+        units = _ceil_units(size, 1024)
+        in_indexes = sum(1 for keys in self._tables.get(table_name, []) if all(k in item.attrs for k in keys))
+        kind = "/".join(str(next(iter(v.values()))).split("#")[0] for v in key.values())
+        with self.lock:
+            self.wru_by_kind[kind] += factor * units * (1 + in_indexes)
+            self.gsi_wru_by_kind[kind] += factor * units * in_indexes
+        return float(factor * units * (1 + in_indexes))
+
+    def _read_units(self, table_name: str, key: dict, consistent: bool) -> float:
+        item = self._item(table_name, key)
+        size = self._size(item) if item is not None else 0
+        return _ceil_units(size, 4096) * (1.0 if consistent else 0.5)
+
+    def _key_of(self, table_name: str, item: dict) -> dict:
+        table = self._dynamo_backend().get_table(table_name)
+        names = [table.hash_key_attr] + ([table.range_key_attr] if table.range_key_attr else [])
+        return {name: item[name] for name in names if name in item}
+
+    def _units(self, service: str, op: str, params: dict, parsed: dict, http_response: Any) -> dict[str, float]:
+        if service == "dynamodb":
+            return self._dynamodb_units(op, params, parsed)
+        if service == "sqs":
+            if op == "ReceiveMessage":
+                messages = parsed.get("Messages") or []
+                size = len(getattr(http_response, "content", b"") or b"") if http_response is not None else 0
+                return {"sqs_requests": _ceil_units(size, 65536), "empty": int(not messages),
+                        "messages": len(messages)}
+            if op in ("SendMessage", "SendMessageBatch"):
+                bodies = [params.get("MessageBody", "")] if op == "SendMessage" else [
+                    e.get("MessageBody", "") for e in params.get("Entries", [])]
+                size = sum(len(b.encode()) for b in bodies)
+                return {"sqs_requests": _ceil_units(size, 65536), "messages": len(bodies)}
+            return {"sqs_requests": 1}
+        if service == "s3":
+            return {"s3_puts": 1} if op in ("PutObject", "DeleteObject", "ListObjectsV2", "CopyObject") else {
+                "s3_gets": 1}
+        return {}
+
+    def _dynamodb_units(self, op: str, params: dict, parsed: dict) -> dict[str, float]:
+        if op == "GetItem":
+            return {"rru": self._read_units(params["TableName"], params["Key"], bool(params.get("ConsistentRead")))}
+        if op == "BatchGetItem":
+            rru = 0.0
+            for table_name, request in params.get("RequestItems", {}).items():
+                consistent = bool(request.get("ConsistentRead"))
+                rru += sum(self._read_units(table_name, key, consistent) for key in request.get("Keys", []))
+            return {"rru": rru}
+        if op in ("Query", "Scan"):
+            table_name = params["TableName"]
+            consistent = bool(params.get("ConsistentRead"))
+            total = 0
+            for item in parsed.get("Items") or []:
+                found = self._item(table_name, self._key_of(table_name, item))
+                total += self._size(found) if found is not None else 0
+            return {"rru": _ceil_units(total, 4096) * (1.0 if consistent else 0.5)}
+        if op == "PutItem":
+            table_name = params["TableName"]
+            return {"wru": self._write_units(table_name, self._key_of(table_name, params["Item"]))}
+        if op in ("UpdateItem", "DeleteItem"):
+            return {"wru": self._write_units(params["TableName"], params["Key"])}
+        if op == "BatchWriteItem":
+            wru = 0.0
+            for table_name, writes in params.get("RequestItems", {}).items():
+                for write in writes:
+                    if "PutRequest" in write:
+                        wru += self._write_units(table_name, self._key_of(table_name, write["PutRequest"]["Item"]))
+                    else:
+                        wru += self._write_units(table_name, write["DeleteRequest"]["Key"])
+            return {"wru": wru}
+        if op == "TransactWriteItems":
+            wru = 0.0
+            for element in params.get("TransactItems", []):
+                (kind, body), = element.items()
+                table_name = body["TableName"]
+                key = self._key_of(table_name, body["Item"]) if kind == "Put" else body["Key"]
+                # Every element, ConditionCheck included, is billed as a transactional write (2x).
+                wru += self._write_units(table_name, key, factor=2)
+            return {"wru": wru}
+        if op == "TransactGetItems":
+            rru = 0.0
+            for element in params.get("TransactItems", []):
+                body = element["Get"]
+                rru += 2 * self._read_units(body["TableName"], body["Key"], True)
+            return {"rru": rru}
+        return {}
+
+    # ------------------------------------------------------------ reading the figures
+
+    def by_source(self) -> dict[str, dict[str, OpStats]]:
+        out: dict[str, dict[str, OpStats]] = defaultdict(dict)
+        with self.lock:
+            for (source, op), stats in self.ops.items():
+                out[source][op] = stats
+        return out
+
+    def moto_requests(self) -> int:
+        return self.stack.moto.app.requests

@@ -1,0 +1,183 @@
+"""Fairness: a small batch submitted behind a big one on the same model finishes nearly as fast
+as alone.
+
+Per round, on one local stack (a subprocess): the --small batch alone (time from its POST to the
+first status poll that sees it final); then a --big batch, and --delay s later (the big one
+running) the same small batch again, timed the same way; then the big batch is cancelled and its
+running requests drain, and the small batch runs alone once more ("alone after": same tables,
+now holding the big batch's items, so the ratio to it leaves out moto getting slower as the
+tables grow, and shows the scheduling alone). Simulated upstream latency --latency s, one model (batch concurrency 4).
+Target: behind / alone <= 2 (median of --rounds).
+
+If the target is missed (or with --diagnose always), one round runs again on an in-process
+LocalStack with every worker step recorded per batch: how often each batch's messages ran, and
+how often and how long they were parked waiting for a model slot.
+
+    .venv/bin/python bench/fairness.py [--big 2000] [--small 20] [--latency 0.1] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as c
+
+BIG_DEFAULT = 2000
+
+
+def time_to_final(client: c.Client, data: bytes, poll: float, timeout: float) -> tuple[float, dict]:
+    started = time.perf_counter()
+    batch, _ = client.create(data)
+    while batch["status"] not in c.FINAL:
+        if time.perf_counter() - started > timeout:
+            raise TimeoutError(f"batch not final after {timeout} s: {batch['request_counts']}")
+        time.sleep(poll)
+        batch = client.batch(batch["id"])
+    return time.perf_counter() - started, batch
+
+
+def diagnose(args: argparse.Namespace, directive: str) -> None:
+    """One round in-process, recording every handle_record per batch: ran, parked (and for how long)."""
+    from freeinference_batch import upstream, worker
+
+    print("\n=== diagnosis: one round on an in-process LocalStack, worker steps per batch ===")
+    steps: list[tuple[float, str, str, float]] = []  # (time, batch id, "ran" / "parked" / "done", park s)
+    lock = threading.Lock()
+    local = threading.local()
+    original_handle, original_call = worker.Worker.handle_record, upstream.call
+
+    def call(*a, **k):
+        local.ran = True
+        return original_call(*a, **k)
+
+    def handle_record(self, record):
+        local.ran = False
+        outcome = original_handle(self, record)
+        batch_id = json.loads(record["body"]).get("batch_id", "?")
+        parked = getattr(outcome, "seconds", None)
+        kind = "ran" if local.ran else ("parked" if parked is not None else "done")
+        with lock:
+            steps.append((time.perf_counter(), batch_id, kind, parked or 0.0))
+        return outcome
+
+    worker.Worker.handle_record, upstream.call = handle_record, call
+    try:
+        with c.in_process_stack(short_timings=False) as stack:
+            client = c.Client(stack.base_url, stack.dev_key)
+            small = c.dumps(c.batch_body(args.small, model=args.model, directive=f"{directive} small diag"))
+            big = c.dumps(c.batch_body(args.big, model=args.model, directive=f"{directive} big diag"))
+            alone, _ = time_to_final(client, small, args.poll, timeout=300)
+            big_batch, _ = client.create(big)
+            time.sleep(args.delay)
+            window_start = time.perf_counter()
+            behind, small_batch = time_to_final(client, small, args.poll, timeout=300)
+            window_end = time.perf_counter()
+            client.cancel(big_batch["id"])
+            client.wait_final(big_batch["id"], timeout=300, interval=0.5)
+    finally:
+        worker.Worker.handle_record, upstream.call = original_handle, original_call
+    print(f"in-process: small alone {alone:.2f} s, behind {behind:.2f} s, ratio {behind / alone:.2f}")
+    names = {big_batch["id"]: "big", small_batch["id"]: "small (behind)"}
+    rows = []
+    for batch_id, name in names.items():
+        mine = [s for s in steps if s[1] == batch_id and window_start <= s[0] <= window_end]
+        ran = sum(1 for s in mine if s[2] == "ran")
+        parks = [s[3] for s in mine if s[2] == "parked"]
+        rows.append((name, ran, len(parks), f"{sum(parks):.1f}", f"{statistics.mean(parks):.2f}" if parks else "-"))
+    print(c.table(rows, ("batch, while the small one ran", "requests run", "parks (no free slot)",
+                         "park s in all", "park s each")))
+    kinds = defaultdict(int)
+    for _, _, kind, _ in steps:
+        kinds[kind] += 1
+    print(f"all worker steps: {dict(kinds)}. A message that finds the model's slots full is parked "
+          f"1-3 s (worker.py SLOT_WAIT_SECONDS), while the lane whose request just finished sends its next "
+          f"message at once and takes the freed slot within milliseconds.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--big", type=int, default=BIG_DEFAULT, help=f"requests in the big batch ({BIG_DEFAULT})")
+    parser.add_argument("--small", type=int, default=20, help="requests in the small batch (default 20)")
+    parser.add_argument("--latency", type=float, default=0.1, help="simulated upstream latency, s (default 0.1)")
+    parser.add_argument("--model", default=c.MODEL, help=f"model of both batches (default {c.MODEL})")
+    parser.add_argument("--rounds", type=int, default=3, help="alone/behind pairs (default 3)")
+    parser.add_argument("--delay", type=float, default=2.0,
+                        help="seconds between the big batch's POST and the small one's (default 2)")
+    parser.add_argument("--poll", type=float, default=0.1, help="status poll interval, s (default 0.1)")
+    parser.add_argument("--target", type=float, default=2.0, help="behind/alone target (default 2)")
+    parser.add_argument("--diagnose", choices=("auto", "always", "never"), default="auto",
+                        help="in-process diagnosis when the target is missed (auto), always, or never")
+    args = parser.parse_args()
+    if args.big != BIG_DEFAULT:
+        print(f"NOTE: the big batch has {args.big} requests, not the target's {BIG_DEFAULT}")
+
+    directive = f"[sim:latency={args.latency:g}]"
+    alone_times, behind_times, ratios, big_done, alone_after_times = [], [], [], [], []
+    print(f"model {args.model}, latency {args.latency:g} s; big {args.big}, small {args.small}, {args.rounds} rounds, "
+          "each on a fresh stack (moto's transactions slow down as its tables fill, so rounds must not share one)")
+    for round_ in range(args.rounds):
+        stack = c.StackProcess(short_timings=False)
+        try:
+            client = c.Client(stack.base_url, stack.key)
+            small = c.dumps(c.batch_body(args.small, model=args.model, directive=f"{directive} small {round_}"))
+            big = c.dumps(c.batch_body(args.big, model=args.model, directive=f"{directive} big {round_}"))
+            alone, batch = time_to_final(client, small, args.poll, timeout=300)
+            alone_times.append(alone)
+            print(f"round {round_ + 1}: small alone {alone:.2f} s ({batch['status']}, {batch['request_counts']})")
+
+            big_batch, big_post = client.create(big)
+            time.sleep(args.delay)
+            before = client.batch(big_batch["id"])["request_counts"]
+            behind, batch = time_to_final(client, small, args.poll, timeout=300)
+            after = client.batch(big_batch["id"])["request_counts"]
+            behind_times.append(behind)
+            ratios.append(behind / alone)
+            ran_meanwhile = after["completed"] - before["completed"]
+            big_done.append(ran_meanwhile)
+            share = args.small / max(1, args.small + ran_meanwhile)
+            print(f"round {round_ + 1}: small behind big {behind:.2f} s ({batch['status']}), ratio "
+                  f"{behind / alone:.2f}; big POST {big_post:.2f} s, big completed {before['completed']} -> "
+                  f"{after['completed']} meanwhile (small's share of the model {share:.0%})")
+            client.cancel(big_batch["id"])
+            _, seconds = client.wait_final(big_batch["id"], timeout=300, interval=0.5)
+            after_alone, _ = time_to_final(client, small, args.poll, timeout=300)
+            alone_after_times.append(after_alone)
+            print(f"round {round_ + 1}: big cancelled, drained in {seconds:.1f} s; small alone after "
+                  f"{after_alone:.2f} s (behind / alone after {behind / after_alone:.2f})")
+        finally:
+            stack.stop()
+
+    alone = statistics.median(alone_times)
+    behind = statistics.median(behind_times)
+    ratio = statistics.median(ratios)
+    print("\n=== summary: fairness (small batch behind a big one, same model) ===")
+    print(c.table([
+        ("big / small / latency", f"{args.big} / {args.small} / {args.latency:g} s", ""),
+        (f"small alone, median of {args.rounds}", f"{alone:.2f} s", ""),
+        (f"small behind big, median of {args.rounds}", f"{behind:.2f} s", ""),
+        ("big requests completed while the small ran, median", f"{statistics.median(big_done):g}", ""),
+        ("behind / alone (median of the rounds' ratios)", f"{ratio:.2f}",
+         f"<= {args.target:g}  {c.verdict(ratio <= args.target)}"),
+        ("ratios per round", ", ".join(f"{r:.2f}" for r in ratios), ""),
+        (f"small alone after (big cancelled), median of {args.rounds}", f"{statistics.median(alone_after_times):.2f} s",
+         ""),
+        ("behind / alone after (scheduling only), median",
+         f"{statistics.median(b / a for b, a in zip(behind_times, alone_after_times, strict=True)):.2f}", ""),
+        ("load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}", ""),
+    ], ("measure", "value", "target")))
+    if args.diagnose == "always" or (args.diagnose == "auto" and ratio > args.target):
+        diagnose(args, directive)
+
+
+if __name__ == "__main__":
+    main()
