@@ -112,6 +112,13 @@ class Target:
                 f"submitting, then {command} again"
             )
 
+    def count_of(self, batch_id: str) -> int | None:
+        if self.manifest is not None:
+            for part in self.manifest.parts:
+                if part.batch_id == batch_id:
+                    return part.count
+        return None
+
     def lines_of(self, batch_id: str) -> str:
         if self.manifest is not None:
             for part in self.manifest.parts:
@@ -361,8 +368,9 @@ def _wait_with_progress(client: BatchClient, target: Target, poll_interval: floa
     try:
         for position, batch_id in enumerate(ids):
             label = target.lines_of(batch_id) or batch_id
-            bars[batch_id] = tqdm(total=None, desc=label, position=position, unit="req", file=sys.stderr,
-                                  dynamic_ncols=True, leave=True)
+            bars[batch_id] = tqdm(total=target.count_of(batch_id), desc=label, position=position, unit="req",
+                                  file=sys.stderr, dynamic_ncols=True, leave=True)
+        pause = min(0.5, poll_interval)  # quick at first (small jobs finish fast), then every poll_interval
         while True:
             for batch_id in ids:
                 if batch_id in latest and latest[batch_id].is_final:
@@ -378,10 +386,12 @@ def _wait_with_progress(client: BatchClient, target: Target, poll_interval: floa
                 bar.refresh()
             if all(latest[batch_id].is_final for batch_id in ids):
                 return [latest[batch_id] for batch_id in ids]
-            time.sleep(poll_interval)
+            time.sleep(pause)
+            pause = min(poll_interval, pause * 2)
     except KeyboardInterrupt:
         for bar in bars.values():
             bar.close()
+        bars.clear()
         where = target.manifest_path or target.value
         _echo_err(f"\nStopped waiting; the batches keep running. Later: freeinference-batch status {where}, "
                   f"then freeinference-batch results {where} -o out.jsonl")
