@@ -13,6 +13,7 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, clock
+from freeinference_batch.local import moto_transactions
 from freeinference_batch.local.apigw import build_event
 from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
 from freeinference_batch.local.pollers import failed_message_ids, sqs_record
@@ -21,6 +22,7 @@ from freeinference_batch.local.template import load_template
 from freeinference_batch.local.upstream_sim import UpstreamSimulator
 from freeinference_batch.settings import Settings, get_settings
 from moto import mock_aws
+from moto.dynamodb.models import DynamoDBBackend
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +169,7 @@ def _serialized(call):
 @pytest.fixture
 def harness(monkeypatch, tmp_path, upstream):
     monkeypatch.setattr(BaseClient, "_make_api_call", _serialized(BaseClient._make_api_call))
+    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_transactions.transact_write_items)
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

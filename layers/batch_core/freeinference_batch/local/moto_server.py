@@ -85,6 +85,10 @@ class MotoServer:
         )
         from werkzeug.serving import make_server
 
+        from freeinference_batch.local import moto_transactions
+
+        moto_transactions.install()  # O(items touched) transactions instead of O(table size)
+
         # werkzeug logs every request at INFO; the local stack's own logs are what matter.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.app = SerializedWsgiApp(DomainDispatcherApplication(create_backend_app))
