@@ -31,7 +31,9 @@ from freeinference_batch.local.handlers import LOCAL_ACCOUNT_ID, LOCAL_REGION, L
 
 log = logging.getLogger(__name__)
 
-IDLE_SLEEP_SECONDS = 0.03
+# An idle queue is polled this often; a message sent from this process wakes its poller at once
+# (see QueuePoller.wake), which is what SQS long polling gives a Lambda event source mapping.
+IDLE_SLEEP_SECONDS = 0.25
 ERROR_SLEEP_SECONDS = 0.5
 
 
@@ -122,6 +124,7 @@ class QueuePoller:
         self.region = region
         self._slots = threading.Semaphore(self.max_concurrency)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._running = threading.Event()  # set = polling, cleared = paused
         self._running.set()
         self._thread: threading.Thread | None = None
@@ -157,6 +160,10 @@ class QueuePoller:
         if self._thread is not None:
             self._thread.join(timeout=timeout)
         return self.wait_idle(timeout)
+
+    def wake(self) -> None:
+        """A message may have arrived: receive now instead of at the next idle poll."""
+        self._wake.set()
 
     def pause(self) -> None:
         """Stop receiving (running invocations finish). Messages stay in the queue."""
@@ -214,7 +221,8 @@ class QueuePoller:
                 continue
             if not messages:
                 self._slots.release()
-                self._stop.wait(self.idle_sleep)
+                self._wake.wait(self.idle_sleep)
+                self._wake.clear()
                 continue
             with self._lock:
                 self._in_flight += 1

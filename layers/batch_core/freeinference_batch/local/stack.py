@@ -420,6 +420,7 @@ class LocalStack:
         for spec in self.functions.values():
             _ = spec.handler  # import every handler now: a broken one fails the start, not a request
         self._start_pollers(resources, clients["sqs"])
+        self._wake_pollers_on_send()
         self._start_timers()
 
         port = self.port if self.port is not None else int(os.environ.get("PORT") or DEFAULT_PORT)
@@ -431,6 +432,20 @@ class LocalStack:
 
             write_state(self.env, self.base_url, self.state_dir)
             self._state_written = True
+
+    def _wake_pollers_on_send(self) -> None:
+        """Emulate long polling: whenever this process sends a message or makes one visible
+        again, the pollers look at once (the worker's and the API's sends all go through the
+        shared client of freeinference_batch.aws)."""
+        from freeinference_batch import aws
+
+        def wake(**_: Any) -> None:
+            for poller in self.pollers.values():
+                poller.wake()
+
+        events = aws.sqs().meta.events
+        for operation in ("SendMessage", "SendMessageBatch", "ChangeMessageVisibility"):
+            events.register(f"after-call.sqs.{operation}", wake)
 
     def _start_pollers(self, resources: TemplateResources, sqs: Any) -> None:
         from freeinference_batch.local.pollers import QueuePoller
