@@ -329,7 +329,7 @@ def test_batch_table_matches_the_architecture(template: dict[str, Any]) -> None:
     indexes = {
         index["IndexName"]: [(k["AttributeName"], types[k["AttributeName"]]) for k in index["KeySchema"]]
         for index in properties["GlobalSecondaryIndexes"]
-        if index["Projection"] == {"ProjectionType": "ALL"}
+        if index["Projection"] == {"ProjectionType": "KEYS_ONLY"}
     }
     assert [(k["AttributeName"], types[k["AttributeName"]]) for k in properties["KeySchema"]] == [
         ("pk", "S"),

@@ -6,7 +6,7 @@ from freeinference_batch import clock, dispatch, lifecycle
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
-from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable
+from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 
@@ -21,7 +21,7 @@ def expire(settings: Settings) -> dict:
     now = clock.now(settings.clock_offset_file)
     expired, stuck = 0, 0
     for item in table.due("open-index", OPEN_SHARD, "expires_at", now):
-        meta = table.get_meta(item["id"])
+        meta = table.get_meta(batch_id_of(item))
         if meta is None:
             continue
         if lifecycle.try_finalize(settings, table, meta, now):
@@ -38,7 +38,7 @@ def sweep(settings: Settings) -> dict:
     now = clock.now(settings.clock_offset_file)
     counts = {"finalized": 0, "resent": 0, "recovered": 0}
     for item in table.open_batches():
-        meta = table.get_meta(item["id"])
+        meta = table.get_meta(batch_id_of(item))
         if meta is None or lifecycle.is_final(meta["status"]):
             continue
         if lifecycle.try_finalize(settings, table, meta, now):
@@ -108,6 +108,6 @@ def purge(settings: Settings) -> dict:
     now = clock.now(settings.clock_offset_file)
     purged = 0
     for item in table.due("purge-index", PURGE_SHARD, "purge_at", now):
-        table.purge(item["id"])
+        table.purge(batch_id_of(item))
         purged += 1
     return {"purged": purged}

@@ -52,6 +52,11 @@ def batch_pk(batch_id: str) -> str:
     return f"BATCH#{batch_id}"
 
 
+def batch_id_of(item: dict) -> str:
+    """The batch id of any item of a batch (index queries answer keys only)."""
+    return item["pk"].removeprefix("BATCH#")
+
+
 def meta_key(batch_id: str) -> dict:
     return key(batch_pk(batch_id), META)
 
@@ -245,7 +250,10 @@ class BatchTable:
         if start_key:
             kwargs["ExclusiveStartKey"] = start_key
         answer = aws.dynamodb().query(**kwargs)
-        return [from_item(i) for i in answer.get("Items", [])], answer.get("LastEvaluatedKey")
+        # The index holds keys only: fetch the page's batch items, in the index's order.
+        ids = [batch_id_of(from_item(i)) for i in answer.get("Items", [])]
+        metas = self.get_metas(ids)
+        return [metas[b] for b in ids if b in metas], answer.get("LastEvaluatedKey")
 
     @staticmethod
     def owner_index_key(meta: dict) -> dict:
