@@ -221,8 +221,12 @@ def test_delete_is_409_while_running_then_404_and_purged_without_a_trace(stack, 
     message = answer.json()["error"]["message"].lower()
     assert "running" in message and "cancel" in message, message
     assert api.get(f"/batches/{batch['id']}").status_code == 200
-    # Cancel, wait for the running request to finish, then delete
-    assert api.post(f"/batches/{batch['id']}/cancel").status_code == 200
+    # Cancelling does not make it deletable while the request still runs
+    cancelling = api.post(f"/batches/{batch['id']}/cancel").json()
+    assert cancelling["status"] == "cancelling", cancelling
+    answer = api.delete(f"/batches/{batch['id']}")
+    assert answer.status_code == 409, answer.text
+    # Once the running request has finished, it can be deleted
     assert api.wait_for_status(batch["id"], FINAL, timeout=30)["status"] == "cancelled"
     answer = api.delete(f"/batches/{batch['id']}")
     assert answer.status_code == 200, answer.text
