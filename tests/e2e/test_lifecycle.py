@@ -101,17 +101,17 @@ def incompressible(size: int) -> str:
 
 
 def test_window_closing_mid_batch_expires_exactly_the_requests_not_started(start_stack, tmp_path):
-    # Given a 4 s completion window and a batch whose first four requests (one lane of
+    # Given a 6 s completion window and a batch whose first four requests (one lane of
     # glm-5.3-flash, 4 at a time) outlast it, so the four behind them cannot start in time
-    stack = start_stack(tmp_path, BATCH_COMPLETION_WINDOW_SECONDS="4")
+    stack = start_stack(tmp_path, BATCH_COMPLETION_WINDOW_SECONDS="6")
     api = stack.api()
-    slow = [line(f"slow-{i}", f"Slow {i} [sim:latency=8]") for i in range(4)]
+    slow = [line(f"slow-{i}", f"Slow {i} [sim:latency=10]") for i in range(4)]
     late = [line(f"late-{i}", f"Late {i}") for i in range(4)]
     batch = create(api, slow + late)
-    assert batch["expires_at"] == batch["created_at"] + 4 and batch["completion_window"] == "4s"
+    assert batch["expires_at"] == batch["created_at"] + 6 and batch["completion_window"] == "6s"
     api.wait_for(
         lambda: all(by_id(results(api, batch["id"]))[f"slow-{i}"]["status"] == "running" for i in range(4)),
-        timeout=4,
+        timeout=6,
         message="the four slow requests running",
     )
     # When the window has closed while they run, the batch waits for them
@@ -121,7 +121,7 @@ def test_window_closing_mid_batch_expires_exactly_the_requests_not_started(start
     # Then, once they have finished, the batch is expired
     final = api.wait_for_status(batch["id"], FINAL, timeout=30)
     assert final["status"] == "expired", final
-    assert isinstance(final["expired_at"], int) and final["expired_at"] >= final["created_at"] + 8
+    assert isinstance(final["expired_at"], int) and final["expired_at"] >= final["created_at"] + 10
     assert final["completed_at"] is final["cancelled_at"] is final["failed_at"] is None
     # The not-started requests expired with batch_expired and count as failed; the others kept their results
     assert final["request_counts"] == {"total": 8, "completed": 4, "failed": 4}
