@@ -191,6 +191,18 @@ def test_create_retrieve_list_results_cancel_delete_conform(stack, key):
     assert deleted == {"id": batch["id"], "object": "batch.deleted", "deleted": True}
 
 
+def test_documented_defaults_hold(stack, key):
+    api = stack.api(key)
+    # completion_window is accepted and ignored; results page 100 lines by default; lists 20 at most
+    batch = conforms(api.create_batch([request(f"d{i}") for i in range(101)], completion_window="1h"), CREATE, 200)
+    assert batch["completion_window"] == "24h" and batch["metadata"] is None
+    page = conforms(api.get(f"/batches/{batch['id']}/results"), RESULTS, 200)
+    assert len(page["data"]) == 100 and page["has_more"] is True
+    assert [line["custom_id"] for line in page["data"]] == [f"d{i}" for i in range(100)]
+    assert len(conforms(api.get("/batches"), LIST, 200)["data"]) <= 20
+    conforms(api.post(f"/batches/{batch['id']}/cancel"), CANCEL, 200)  # no need to run them all
+
+
 def test_x_api_key_header_authenticates_as_documented(stack, key):
     answer = requests.get(f"{stack.base_url}/batches", headers={"X-API-Key": key}, timeout=30)
     conforms(answer, LIST, 200)
