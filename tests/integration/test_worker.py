@@ -1,0 +1,257 @@
+"""The worker on moto, driven message by message: duplicates, lost claims and slot leases.
+
+`Worker.process` is called directly with a request message, as the handler would after parsing
+one SQS record, so each test decides exactly which delivery happens when. The messages that
+create put on the queue stay there unless a test pumps them (then they are late duplicates).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from freeinference_batch import aws, clock, schedules
+from freeinference_batch import upstream as upstream_client
+from freeinference_batch.catalog import load_catalog
+from freeinference_batch.local.upstream_sim import prompt_tokens, reply_for
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import values
+from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.worker import Done, Parked, Worker
+
+from tests.integration.conftest import sample_request
+
+MODEL = "glm-5.3-flash"
+ACCOUNT = "acct-1"  # the harness's account (internal tier, 16 concurrent requests)
+NO_RECORD: dict = {"messageId": "direct", "attributes": {}}
+
+
+def message_for(harness, batch_id: str, position: int, model: str = MODEL) -> RequestMessage:
+    table = BatchTable(harness.settings)
+    meta = table.get_meta(batch_id)
+    lane = table.get_lane_positions(batch_id, model)
+    return RequestMessage(
+        batch_id=batch_id,
+        model=model,
+        index=lane.index(position),
+        position=position,
+        account_id=meta["account_id"],
+        key_hash=meta["key_hash"],
+    )
+
+
+def now(harness) -> float:
+    return clock.now(harness.clock_file)
+
+
+def meta_of(harness, batch_id: str) -> dict:
+    return BatchTable(harness.settings).get_meta(batch_id)
+
+
+def state_of(harness, batch_id: str, position: int) -> dict | None:
+    return BatchTable(harness.settings).get_request(batch_id, position)
+
+
+def usage_today(harness) -> int:
+    _, usage = accounts_table.get_account_and_usage(harness.settings, ACCOUNT, clock.utc_day(now(harness)))
+    return usage
+
+
+def one_cost(content: str) -> int:
+    messages = [{"role": "user", "content": content}]
+    text, _ = reply_for(MODEL, messages, None)
+    return load_catalog().models[MODEL].cost_nano(prompt_tokens(messages), len(text.split()))
+
+
+def attempts(sim, batch_id: str, position: int) -> int:
+    return sim.attempts_by_request.get(f"{batch_id}:{position}", 0)
+
+
+def fill_slots(harness, slots_key: dict, holders: dict[str, float]) -> None:
+    """Leases held by others (dead workers, or the account's interactive requests)."""
+    Leases(harness.settings).reap(slots_key, now(harness))  # creates the slots item
+    for holder, until in holders.items():
+        aws.dynamodb().update_item(
+            TableName=harness.settings.accounts_table_name,
+            Key=slots_key,
+            UpdateExpression="SET leases.#holder = :until",
+            ExpressionAttributeNames={"#holder": holder},
+            ExpressionAttributeValues=values(until=until),
+        )
+
+
+@pytest.fixture
+def worker(harness) -> Worker:
+    return Worker(harness.settings)
+
+
+# ---------------------------------------------------------------- duplicates
+
+
+def test_duplicate_of_a_settled_request_is_dropped_without_counting_twice(harness, upstream, worker):
+    sim, _ = upstream
+    # Given a two-request batch whose first request has run and settled
+    batch = harness.create([sample_request("q-0", "First one"), sample_request("q-1", "Second one")])
+    first = message_for(harness, batch["id"], 0)
+    assert isinstance(worker.process(first, NO_RECORD), Done)
+    meta = meta_of(harness, batch["id"])
+    assert meta["status"] == "in_progress" and meta["completed"] == 1
+    usage = usage_today(harness)
+    assert usage == meta["cost_nano"] == one_cost("First one")
+    # When a duplicate of its message arrives (the batch still runs)
+    outcome = worker.process(first, NO_RECORD)
+    # Then it is dropped: no upstream call, no count, no cost, no usage
+    assert isinstance(outcome, Done)
+    assert attempts(sim, batch["id"], 0) == 1
+    again = meta_of(harness, batch["id"])
+    assert (again["completed"], again.get("failed", 0), again["running"], again["cost_nano"]) == (
+        1,
+        0,
+        0,
+        meta["cost_nano"],
+    )
+    assert usage_today(harness) == usage
+    assert state_of(harness, batch["id"], 0)["attempts"] == 1
+    # And when every queued message (including the create-time copy of the first) is delivered,
+    # the batch ends with each request counted once
+    final = harness.run_to_final(batch["id"])
+    assert final["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    assert attempts(sim, batch["id"], 0) == 1 and attempts(sim, batch["id"], 1) == 1
+    assert meta_of(harness, batch["id"])["cost_nano"] == one_cost("First one") + one_cost("Second one")
+    assert usage_today(harness) == one_cost("First one") + one_cost("Second one")
+
+
+def test_duplicate_arriving_while_the_request_runs_is_dropped(harness, upstream, worker, monkeypatch):
+    sim, _ = upstream
+    batch = harness.create([sample_request("q-0", "Running now")])
+    message = message_for(harness, batch["id"], 0)
+    real_call = upstream_client.call
+    seen: list = []
+
+    def call_with_a_duplicate(*args, **kwargs):
+        # While the first delivery waits on the model, a second delivery of the same message
+        seen.append(Worker(harness.settings).process(message, NO_RECORD))
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", call_with_a_duplicate)
+    assert isinstance(worker.process(message, NO_RECORD), Done)
+    monkeypatch.setattr(upstream_client, "call", real_call)
+    # Then the duplicate was dropped without calling the model, and the request counted once
+    assert len(seen) == 1 and isinstance(seen[0], Done)
+    assert attempts(sim, batch["id"], 0) == 1
+    final = harness.batch(batch["id"])
+    assert final["status"] == "completed"
+    assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == one_cost("Running now")
+
+
+# ---------------------------------------------------------------- lost claims
+
+
+def test_settle_after_the_claim_was_taken_back_changes_nothing(harness, upstream, worker, monkeypatch):
+    sim, _ = upstream
+    # Given a request whose worker stalls in the upstream call past its lease, so that the sweep
+    # takes the request back and re-sends it
+    batch = harness.create([sample_request("q-0", "Slow worker")])
+    message = message_for(harness, batch["id"], 0)
+    real_call = upstream_client.call
+    swept: list[dict] = []
+
+    def stalled_call(*args, **kwargs):
+        harness.advance_clock(harness.settings.lease_seconds + harness.settings.batch_dispatch_lease_seconds + 60)
+        swept.append(schedules.sweep(harness.settings))
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", stalled_call)
+    # When the stalled worker gets its (successful) answer and tries to settle
+    outcome = worker.process(message, NO_RECORD)
+    monkeypatch.setattr(upstream_client, "call", real_call)
+    # Then the settle does nothing: not completed, not charged; the request is queued again
+    assert isinstance(outcome, Done)
+    assert swept and swept[0]["recovered"] == 1 and swept[0]["resent"] == 1
+    meta = meta_of(harness, batch["id"])
+    assert meta.get("completed", 0) == 0 and meta["running"] == 0 and meta.get("cost_nano", 0) == 0
+    assert usage_today(harness) == 0
+    state = state_of(harness, batch["id"], 0)
+    assert state["status"] == "queued" and "claim" not in state and "response" not in state
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+    # And the re-sent message runs it again, and that run alone counts
+    final = harness.run_to_final(batch["id"])
+    assert final["status"] == "completed"
+    assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert attempts(sim, batch["id"], 0) == 2
+    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == one_cost("Slow worker")
+    assert state_of(harness, batch["id"], 0)["attempts"] == 2
+
+
+# ---------------------------------------------------------------- slots
+
+
+def test_claim_is_refused_while_model_slots_are_full_and_succeeds_after_expired_leases_are_reaped(
+    harness, upstream, worker
+):
+    sim, _ = upstream
+    # Given the model's 4 batch slots held by workers that died, their leases running 30 s more
+    capacity = load_catalog().models[MODEL].batch_concurrency
+    dead = {f"dead-worker-{n}": now(harness) + 30 for n in range(capacity)}
+    fill_slots(harness, model_slots_key(MODEL), dead)
+    batch = harness.create([sample_request("q-0", "Waiting for a slot")])
+    message = message_for(harness, batch["id"], 0)
+    # When its message is delivered
+    outcome = worker.process(message, NO_RECORD)
+    # Then the claim is refused: the message waits a little, the request did not start, and a
+    # wait is not an attempt
+    assert isinstance(outcome, Parked) and 0 < outcome.seconds <= 5
+    assert attempts(sim, batch["id"], 0) == 0
+    state = state_of(harness, batch["id"], 0)
+    assert state is None or (state["status"] == "queued" and not state.get("attempts"))
+    assert meta_of(harness, batch["id"]).get("running", 0) == 0
+    assert set(Leases(harness.settings).holders(model_slots_key(MODEL))) == set(dead)
+    # When the dead workers' leases have expired
+    harness.advance_clock(31)
+    outcome = worker.process(message, NO_RECORD)
+    # Then the worker reaps them, claims a slot and runs the request; its own lease is released
+    assert isinstance(outcome, Done)
+    assert attempts(sim, batch["id"], 0) == 1
+    assert harness.batch(batch["id"])["status"] == "completed"
+    assert state_of(harness, batch["id"], 0)["attempts"] == 1
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+
+
+def test_claim_waits_while_the_account_slots_are_used_by_interactive_requests(harness, upstream, worker):
+    sim, _ = upstream
+    # Given an account whose 16 concurrent-request slots its interactive requests all hold
+    limit = 16
+    interactive = {f"interactive-{n}": now(harness) + 3600 for n in range(limit)}
+    fill_slots(harness, account_slots_key(ACCOUNT), interactive)
+    batch = harness.create([sample_request("q-0", "Behind interactive traffic")])
+    message = message_for(harness, batch["id"], 0)
+    # Then its batch request waits without starting
+    assert isinstance(worker.process(message, NO_RECORD), Parked)
+    assert attempts(sim, batch["id"], 0) == 0
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    # When one interactive request finishes, Then the batch request takes its slot and runs
+    Leases(harness.settings).release(account_slots_key(ACCOUNT), "interactive-0")
+    assert isinstance(worker.process(message, NO_RECORD), Done)
+    assert attempts(sim, batch["id"], 0) == 1
+    assert harness.batch(batch["id"])["status"] == "completed"
+    assert set(Leases(harness.settings).holders(account_slots_key(ACCOUNT))) == set(interactive) - {"interactive-0"}
+
+
+def test_no_claim_while_interactive_load_fills_the_model(harness, upstream, worker):
+    sim, _ = upstream
+    # Given a model whose interactive load leaves no room for batch requests
+    accounts_table.put_model_load(
+        harness.settings, MODEL, load_catalog().models[MODEL].interactive_capacity, at=int(time.time())
+    )
+    batch = harness.create([sample_request("q-0", "Model busy")])
+    message = message_for(harness, batch["id"], 0)
+    assert isinstance(worker.process(message, NO_RECORD), Parked)
+    assert attempts(sim, batch["id"], 0) == 0
+    # When the load drops, Then it runs
+    accounts_table.put_model_load(harness.settings, MODEL, 0, at=int(time.time()))
+    assert isinstance(worker.process(message, NO_RECORD), Done)
+    assert harness.batch(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
