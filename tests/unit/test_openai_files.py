@@ -302,3 +302,47 @@ def test_split_outputs_sends_failures_to_the_errors_writer_when_given():
     everything = []
     assert openai_files.split_outputs(results, everything.append) == (1, 2)
     assert len(everything) == 3
+
+
+# ---- the CLI's offline part: checking and planning without a network ---------------------
+
+
+def test_submit_dry_run_checks_and_plans_without_a_key(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from freeinference_batch.cli import main
+
+    monkeypatch.delenv("FREEINFERENCE_API_KEY", raising=False)
+    path = write_jsonl(tmp_path / "in.jsonl", [request(f"r{i}") for i in range(5)])
+    result = CliRunner().invoke(main, ["submit", str(path), "--max-requests", "2", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"{path}: 5 requests, OK; 3 batches:",
+        "  batch 1: lines 1-2 (2 requests)",
+        "  batch 2: lines 3-4 (2 requests)",
+        "  batch 3: line 5 (1 request)",
+    ]
+    assert not openai_files.default_manifest_path(path).exists()
+
+
+def test_submit_reports_bad_lines_and_submits_nothing(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from freeinference_batch.cli import main
+
+    monkeypatch.setenv("FREEINFERENCE_API_KEY", "hyi-unused")
+    monkeypatch.setenv("FREEINFERENCE_BASE_URL", "http://127.0.0.1:9/v1")  # nothing listens: no call is made
+    path = write_jsonl(tmp_path / "in.jsonl", [request("a"), request("b", model="nope")])
+    result = CliRunner().invoke(main, ["submit", str(path)])
+    assert result.exit_code == 1
+    assert "line 2 (custom_id 'b'): Model 'nope' not found" in result.stderr
+    assert "nothing was submitted" in result.stderr
+    assert not openai_files.default_manifest_path(path).exists()
+
+
+def test_submit_refuses_metadata_that_leaves_no_room_for_the_jobs_keys(tmp_path):
+    from click.testing import CliRunner
+    from freeinference_batch.cli import main
+
+    path = write_jsonl(tmp_path / "in.jsonl", [request("a")])
+    pairs = [arg for i in range(15) for arg in ("--metadata", f"k{i}=v")]
+    result = CliRunner().invoke(main, ["submit", str(path), "--dry-run", *pairs])
+    assert result.exit_code == 2 and "at most 16" in result.stderr and "--metadata" in result.stderr

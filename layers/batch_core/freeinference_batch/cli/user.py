@@ -215,11 +215,14 @@ def submit(
     if errors_path is not None and output is None:
         raise click.UsageError("--errors needs -o/--output")
     metadata = _parse_metadata(metadata_pairs)
+    # Sized for the largest metadata a part will carry (the job's two keys included).
+    widest = openai_files.job_metadata(metadata, "job_" + "0" * 32, 99_998, 99_999)
+    try:
+        openai_files.check_metadata(widest)
+    except InputFileError as error:
+        raise click.BadParameter(f"{error} (the job's own two keys included)", param_hint="--metadata") from None
     try:
         items = openai_files.load_requests(file, load_catalog(catalog_path or ""))
-        # Sized for the largest metadata a part will carry (ours included).
-        widest = openai_files.job_metadata(metadata, "job_" + "0" * 32, 99_998, 99_999)
-        openai_files.check_metadata(widest)
         parts = openai_files.plan_parts(items, max_requests, max_body_bytes, widest)
     except InputFileError as error:
         _report_input_errors(file, error)
@@ -249,8 +252,13 @@ def submit(
         )
         manifest.save(manifest_path)
 
-    created = _create_missing(client, manifest, manifest_path, items, wait=wait or output is not None,
-                              poll_interval=poll_interval)
+    try:
+        created = _create_missing(client, manifest, manifest_path, items, wait=wait or output is not None,
+                                  poll_interval=poll_interval)
+    except KeyboardInterrupt:
+        _echo_err(f"\nInterrupted: {len(manifest.batch_ids())} of {len(manifest.parts)} batches are created and "
+                  f"recorded in {manifest_path}; run the same submit again to resume (nothing is created twice)")
+        raise click.exceptions.Exit(130) from None
     total = len(manifest.parts)
     _echo_err(f"{manifest_path}: {total} batch{'es' if total != 1 else ''} for {manifest.requests} requests "
               f"({created} created now)")
