@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -21,6 +22,7 @@ import pytest
 from conftest import Api, StackProcess, wait_for
 from freeinference_batch import clock
 from freeinference_batch.catalog import NANO_PER_USD, Catalog, load_catalog
+from freeinference_batch.local.upstream_sim import UpstreamSimulator
 from freeinference_batch.store.accounts_table import usage_item_key
 from freeinference_batch.store.dynamo import from_item
 
@@ -76,11 +78,21 @@ def _results(api: Api, batch_id: str) -> list[dict]:
         after = page["last_id"]
 
 
-def test_faults_duplicates_and_crashes_leave_every_request_final_with_exact_counts_and_cost(start_stack, tmp_path):
+@pytest.fixture
+def sim() -> Iterator[UpstreamSimulator]:
+    """The simulated upstream in this process, so the test can count the attempts it saw."""
+    simulator = UpstreamSimulator()
+    simulator.start()
+    yield simulator
+    simulator.stop()
+
+
+def test_faults_duplicates_and_crashes_leave_every_request_final_with_exact_counts_and_cost(start_stack, tmp_path, sim):
     # Given a stack with every fault injected and short leases and schedules
     catalog = _catalog(tmp_path / "catalog.json")
     stack = start_stack(
         tmp_path,
+        UPSTREAM_BASE_URL=sim.base_url,
         MODEL_CATALOG_PATH=str(tmp_path / "catalog.json"),
         BATCH_FAULT_DUPLICATE_RATE="0.2",
         BATCH_FAULT_CRASH_RATE="0.05",
@@ -133,6 +145,11 @@ def test_faults_duplicates_and_crashes_leave_every_request_final_with_exact_coun
         usage = result["response"]["body"]["usage"]
         cost_nano += catalog.models[MODEL].cost_nano(usage["prompt_tokens"], usage["completion_tokens"])
     assert final["cost_usd"] == round(cost_nano / NANO_PER_USD, 9)
+    # And the faults did happen: every faulty request was tried at least twice (a worker killed
+    # after its upstream call makes a request be tried once more)
+    tried = [sim.attempts_by_request.get(f"{batch_id}:{p}", 0) for p in range(REQUESTS)]
+    assert all(n >= (2 if _faulty(p) else 1) for p, n in enumerate(tried)), tried
+    assert sum(tried) >= REQUESTS + sum(map(_faulty, range(REQUESTS)))
     # And the account's usage for the day grew by exactly that (the only batch on this stack)
     assert _usage_nano(stack, "dev", clock.utc_day(final["completed_at"])) == cost_nano
     # And it stays so: late duplicates and the sweep change nothing afterwards
