@@ -17,17 +17,16 @@ here drop straight into another module's TransactWriteItems.
 from __future__ import annotations
 
 import time
-from decimal import Decimal
 from typing import Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from freeinference_batch import aws
 from freeinference_batch.settings import Settings
-
-_serializer = TypeSerializer()
-_deserializer = TypeDeserializer()
+from freeinference_batch.store.dynamo import from_item as _from_item
+from freeinference_batch.store.dynamo import is_conditional_failure as _is_conditional_failure
+from freeinference_batch.store.dynamo import key as _key
+from freeinference_batch.store.dynamo import to_attr as _attr
 
 KEY_SK = "KEY"
 ACCOUNT_SK = "ACCOUNT"
@@ -55,32 +54,6 @@ def usage_item_key(account_id: str, day: str) -> dict[str, dict]:
 
 def load_item_key(model: str) -> dict[str, dict]:
     return _key(f"MODEL#{model}", LOAD_SK)
-
-
-def _key(pk: str, sk: str) -> dict[str, dict]:
-    return {"pk": {"S": pk}, "sk": {"S": sk}}
-
-
-def _attr(value: Any) -> dict:
-    if isinstance(value, float):
-        value = Decimal(repr(value))
-    return _serializer.serialize(value)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    return value
-
-
-def _from_item(item: dict[str, dict] | None) -> dict[str, Any] | None:
-    if not item:
-        return None
-    return {name: _plain(_deserializer.deserialize(value)) for name, value in item.items()}
-
-
-def _is_conditional_failure(error: ClientError) -> bool:
-    return error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
 
 
 def _get(settings: Settings, key: dict[str, dict]) -> dict[str, Any] | None:

@@ -304,19 +304,15 @@ class BatchTable:
 
     def meta_update_element(self, batch_id: str, expression: str, condition: str | None = None,
                             names: dict | None = None, **named: Any) -> dict:
-        element: dict[str, Any] = {"TableName": self.name, "Key": meta_key(batch_id), "UpdateExpression": expression}
-        if condition:
-            element["ConditionExpression"] = condition
-        if named:
-            element["ExpressionAttributeValues"] = values(**named)
-        if names:
-            element["ExpressionAttributeNames"] = names
-        return {"Update": element}
+        return self._update_element(meta_key(batch_id), expression, condition, names, named)
 
     def request_update_element(self, batch_id: str, position: int, expression: str, condition: str | None,
                                names: dict | None = None, **named: Any) -> dict:
-        element: dict[str, Any] = {"TableName": self.name, "Key": request_key(batch_id, position),
-                                   "UpdateExpression": expression}
+        return self._update_element(request_key(batch_id, position), expression, condition, names, named)
+
+    def _update_element(self, item_key: dict, expression: str, condition: str | None, names: dict | None,
+                        named: dict[str, Any]) -> dict:
+        element: dict[str, Any] = {"TableName": self.name, "Key": item_key, "UpdateExpression": expression}
         if condition:
             element["ConditionExpression"] = condition
         if named:
