@@ -24,7 +24,7 @@ test: install
 	.venv/bin/pytest -q
 
 dev: $(VENV)
-	.venv/bin/freeinference-batch dev
+	@.venv/bin/freeinference-batch dev
 
 build: $(SAM)
 	PYENV_VERSION=$(SAM_PYENV_VERSION) SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml
