@@ -146,7 +146,7 @@ class Worker:
                                                              "message": f"Model {message.model!r} not found"})
         capacity = model.batch_capacity(int(load.get("inflight", 0)))
         if capacity <= 0:
-            return self._wait_for_slot(message, record, now)
+            return self._wait_for_slot(message, meta, record, now)
 
         token = uuid.uuid4().hex
         lease_until = now + self.settings.lease_seconds
@@ -185,7 +185,7 @@ class Worker:
                 freed = self.leases.reap(model_slots_key(message.model), now) + self.leases.reap(
                     account_slots_key(meta["account_id"]), now)
                 if not freed or attempt:
-                    return self._wait_for_slot(message, record, now)
+                    return self._wait_for_slot(message, meta, record, now)
 
         self._maybe_crash("after claim")
         _metric("RequestsRun")
@@ -227,23 +227,20 @@ class Worker:
 
     # ---- waiting ------------------------------------------------------------------------
 
-    def _wait_for_slot(self, message: RequestMessage, record: dict, now: float) -> Parked:
+    def _wait_for_slot(self, message: RequestMessage, meta: dict, record: dict, now: float) -> Parked:
         _metric("RequestsParked")
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
         if now - sent > self.settings.batch_dispatch_lease_seconds / 2:
             # Waiting long: tell the sweep this chain is alive, or it would send a duplicate.
-            self._renew_dispatch_lease(message, now + self.settings.batch_dispatch_lease_seconds)
+            self._renew_dispatch_lease(message, meta, now + self.settings.batch_dispatch_lease_seconds)
         return Parked(random.uniform(*SLOT_WAIT_SECONDS))
 
     def _park_long(self, message: RequestMessage, meta: dict, seconds: float) -> Parked:
         seconds = min(seconds, 12 * 3600 - 60)  # SQS caps a visibility change at 12 h: re-park later
-        self._renew_dispatch_lease(message, self.now() + seconds + self.settings.batch_dispatch_lease_seconds)
+        self._renew_dispatch_lease(message, meta, self.now() + seconds + self.settings.batch_dispatch_lease_seconds)
         return Parked(seconds)
 
-    def _renew_dispatch_lease(self, message: RequestMessage, until: float) -> None:
-        meta = self.table.get_meta(message.batch_id)
-        if meta is None:
-            return
+    def _renew_dispatch_lease(self, message: RequestMessage, meta: dict, until: float) -> None:
         width = meta["lane_widths"][message.model]
         self.table.set_lane_lease(message.batch_id, message.model, message.index % width, message.index, until)
         self.table.update_request(message.batch_id, message.position, "SET lease_until = :until",
