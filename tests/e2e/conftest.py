@@ -92,6 +92,22 @@ class Api:
         answer.raise_for_status()
         return answer.json()
 
+    def results(self, batch_id: str) -> list[dict]:
+        """Every result line of a batch, paging 1,000 at a time."""
+        out: list[dict] = []
+        after = None
+        while True:
+            params: dict[str, Any] = {"limit": 1000}
+            if after:
+                params["after"] = after
+            answer = self.get(f"/batches/{batch_id}/results", params=params)
+            assert answer.status_code == 200, answer.text
+            page = answer.json()
+            out.extend(page["data"])
+            if not page["has_more"]:
+                return out
+            after = page["last_id"]
+
     def wait_for(
         self, predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05, message: str = "condition"
     ) -> T:

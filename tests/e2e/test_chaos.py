@@ -19,7 +19,7 @@ import boto3
 import pytest
 
 # tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
-from conftest import Api, StackProcess, wait_for
+from conftest import StackProcess, wait_for
 from freeinference_batch import clock
 from freeinference_batch.catalog import NANO_PER_USD, Catalog, load_catalog
 from freeinference_batch.local.upstream_sim import UpstreamSimulator
@@ -60,22 +60,6 @@ def _usage_nano(stack: StackProcess, account_id: str, day: str) -> int:
         TableName=env["ACCOUNTS_TABLE_NAME"], Key=usage_item_key(account_id, day), ConsistentRead=True
     )
     return int((from_item(answer.get("Item")) or {}).get("cost_nano", 0))
-
-
-def _results(api: Api, batch_id: str) -> list[dict]:
-    out: list[dict] = []
-    after = None
-    while True:
-        params: dict = {"limit": 1000}
-        if after:
-            params["after"] = after
-        answer = api.get(f"/batches/{batch_id}/results", params=params)
-        assert answer.status_code == 200, answer.text
-        page = answer.json()
-        out.extend(page["data"])
-        if not page["has_more"]:
-            return out
-        after = page["last_id"]
 
 
 @pytest.fixture
@@ -135,7 +119,7 @@ def test_faults_duplicates_and_crashes_leave_every_request_final_with_exact_coun
     # Then every request succeeded exactly once, and the counts say so
     assert final["status"] == "completed", final
     assert final["request_counts"] == {"total": REQUESTS, "completed": REQUESTS, "failed": 0}
-    results = _results(api, batch_id)
+    results = api.results(batch_id)
     assert [r["custom_id"] for r in results] == [f"c-{p}" for p in range(REQUESTS)]
     assert {r["status"] for r in results} == {"completed"}
     assert len({r["id"] for r in results}) == REQUESTS

@@ -61,22 +61,6 @@ def submit(api: Api, items: list[dict]) -> dict:
     return answer.json()
 
 
-def all_results(api: Api, batch_id: str) -> list[dict]:
-    out: list[dict] = []
-    after = None
-    while True:
-        params: dict[str, Any] = {"limit": 1000}
-        if after:
-            params["after"] = after
-        answer = api.get(f"/batches/{batch_id}/results", params=params)
-        assert answer.status_code == 200, answer.text
-        page = answer.json()
-        out.extend(page["data"])
-        if not page["has_more"]:
-            return out
-        after = page["last_id"]
-
-
 def statuses(results: list[dict]) -> dict[str, int]:
     counted: dict[str, int] = {}
     for result in results:
@@ -226,7 +210,7 @@ def outcomes(engine: StackProcess, sim: UpstreamSimulator) -> dict:
     names = list(OUTCOMES)
     batch = submit(api, [item(name, f"Case {name} {OUTCOMES[name][0]}") for name in names])
     final = wait_final(api, batch["id"], timeout=90)
-    results = {r["custom_id"]: r for r in all_results(api, batch["id"])}
+    results = {r["custom_id"]: r for r in api.results(batch["id"])}
     seen = {name: attempts(sim, batch["id"], position) for position, name in enumerate(names)}
     return {"batch": final, "results": results, "attempts": seen}
 
@@ -272,7 +256,7 @@ def test_waiting_for_a_retry_shows_queued_with_the_last_error(own_stack, sim):
     seen: dict[str, dict] = {}
 
     def both_seen_waiting() -> bool:
-        for result in all_results(api, batch["id"]):
+        for result in api.results(batch["id"]):
             if result["status"] == "queued" and result["error"]:
                 seen.setdefault(result["custom_id"], result)
         return set(seen) == set(expected)
@@ -286,7 +270,7 @@ def test_waiting_for_a_retry_shows_queued_with_the_last_error(own_stack, sim):
     final = wait_final(api, batch["id"], timeout=30)
     assert final["status"] == "completed"
     assert final["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
-    results = all_results(api, batch["id"])
+    results = api.results(batch["id"])
     assert all(r["status"] == "completed" and r["error"] is None for r in results)
     assert [attempts(sim, batch["id"], p) for p in (0, 1)] == [2, 2]
 
@@ -301,7 +285,7 @@ def test_hanging_upstream_ends_in_timeout_after_max_attempts(own_stack, sim):
     # Then it fails with timeout (504) after exactly 2 attempts; the other request is unaffected
     assert final["status"] == "completed"
     assert final["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
-    hang, fine = all_results(api, batch["id"])
+    hang, fine = api.results(batch["id"])
     assert hang["status"] == "failed" and hang["error"]["code"] == "timeout" and hang["error"]["status"] == 504
     assert fine["status"] == "completed"
     assert attempts(sim, batch["id"], 0) == 2
@@ -311,7 +295,7 @@ def test_hanging_upstream_ends_in_timeout_after_max_attempts(own_stack, sim):
 
 
 def _running_snapshot(api: Api, batch_id: str) -> set[str]:
-    return {r["custom_id"] for r in all_results(api, batch_id) if r["status"] == "running"}
+    return {r["custom_id"] for r in api.results(batch_id) if r["status"] == "running"}
 
 
 def _check_failed_batch(final: dict, results: list[dict], running_before: set[str]) -> None:
@@ -360,7 +344,7 @@ def test_revoking_the_key_mid_batch_fails_the_batch(engine, sim):
         interval=POLL,
         message="failed batch with every request settled",
     )
-    results = all_results(reader, batch["id"])
+    results = reader.results(batch["id"])
     _check_failed_batch(final, results, running)
     assert len(results) == 12
     # Nothing more runs for it afterwards.
@@ -392,7 +376,7 @@ def test_suspending_the_account_mid_batch_fails_the_batch(engine, sim):
     # And once the account is active again its owner reads the failed batch and its results
     engine.admin("set-account", "suspend-acct", "--status", "active")
     final = api.batch(batch["id"])
-    results = all_results(api, batch["id"])
+    results = api.results(batch["id"])
     _check_failed_batch(final, results, running)
     ran = sum(attempts(sim, batch["id"], p) for p in range(12))
     assert ran == final["request_counts"]["completed"]
@@ -481,7 +465,7 @@ def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(ow
     assert waiting["request_counts"]["completed"] == ran
 
     def still_waiting() -> bool:
-        results = all_results(api, batch["id"])
+        results = api.results(batch["id"])
         return (
             sum(attempts(sim, batch["id"], p) for p in range(10)) == ran
             and statuses(results).get("queued", 0) == 10 - ran
@@ -549,7 +533,7 @@ def test_account_concurrency_limit_caps_running_requests(engine, sim):
 
     def finished() -> bool:
         nonlocal peak_running
-        peak_running = max(peak_running, statuses(all_results(api, batch["id"])).get("running", 0))
+        peak_running = max(peak_running, statuses(api.results(batch["id"])).get("running", 0))
         return api.batch(batch["id"])["status"] in FINAL
 
     wait_for(finished, timeout=60, message="the batch to finish")
@@ -604,7 +588,7 @@ def test_cost_is_usage_times_prices_and_charged_once_to_the_day(engine):
     assert final["status"] == "completed"
     assert final["request_counts"] == {"total": 11, "completed": 10, "failed": 1}
     # Then its cost is the sum over its results of usage x the catalog's prices
-    results = all_results(api, batch["id"])
+    results = api.results(batch["id"])
     total_nano = expected_cost_nano(results)
     assert total_nano > 0
     assert final["cost_usd"] == round(total_nano / NANO_PER_USD, 9)

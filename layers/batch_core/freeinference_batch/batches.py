@@ -153,7 +153,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
 # ---- read -------------------------------------------------------------------------------
 
 
-def visible_meta(settings: Settings, meta: dict | None, account_id: str, now: float) -> bool:
+def visible_meta(meta: dict | None, account_id: str, now: float) -> bool:
     if meta is None or meta.get("account_id") != account_id:
         return False
     if meta["status"] in (CREATING, DELETED):
@@ -165,7 +165,7 @@ def visible_meta(settings: Settings, meta: dict | None, account_id: str, now: fl
 def owned_meta(settings: Settings, principal: Principal, batch_id: str) -> dict:
     if BATCH_ID.match(batch_id or ""):
         meta = BatchTable(settings).get_meta(batch_id)
-        if visible_meta(settings, meta, principal.account_id, clock.now(settings.clock_offset_file)):
+        if visible_meta(meta, principal.account_id, clock.now(settings.clock_offset_file)):
             return meta  # type: ignore[return-value]
     raise NotFound(f"Batch {batch_id[:100]!r} not found", code="batch_not_found")
 
@@ -200,7 +200,7 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
     found: list[dict] = []
     while len(found) <= limit:
         page, start_key = table.list_owner(principal.account_id, limit + 1 - len(found), start_key)
-        found.extend(m for m in page if visible_meta(settings, m, principal.account_id, now))
+        found.extend(m for m in page if visible_meta(m, principal.account_id, now))
         if not start_key:
             break
     has_more = len(found) > limit

@@ -45,8 +45,6 @@ def sweep(settings: Settings) -> dict:
             counts["finalized"] += 1
             continue
         for lane in table.get_lanes(meta["id"]):
-            if lane["sk"].startswith("LANEPOS#"):
-                continue
             _sweep_lane(settings, table, meta, lane, now, counts)
     return counts
 
