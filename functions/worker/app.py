@@ -1,11 +1,13 @@
 """Worker function: an SQS batch of request messages -> partial batch response.
 
-A record "fails" (stays on the queue) when it was parked: waiting for a slot, for its retry
+A record's request may be the first of a chain that runs on in the same invocation (see
+freeinference_batch.worker). A record "fails" (stays on the queue) when it was parked: waiting for a slot, for its retry
 backoff, or for the owner's quota to renew. Its visibility was already set to when it should
 come back, so SQS, not this function, does the waiting.
 """
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from aws_lambda_powertools.utilities.batch import (
@@ -19,19 +21,12 @@ from freeinference_batch.observability import logger, metrics, tracer
 from freeinference_batch.settings import get_settings
 from freeinference_batch.worker import Done, Worker
 
-# Up to a full SQS batch (10) of upstream calls at once: they mostly wait on the network.
-executor = ThreadPoolExecutor(max_workers=10)
+# Up to a full SQS batch (10) of records at once: their upstream calls mostly wait on the network.
+RECORD_THREADS = 10
 
 
 class MessageParked(Exception):
     """Not an error: the message waits on the queue (its visibility is already set)."""
-
-
-async def handle_record(record: SQSRecord) -> None:
-    worker = Worker(get_settings())
-    outcome = await asyncio.get_running_loop().run_in_executor(executor, worker.handle_record, record.raw_event)
-    if not isinstance(outcome, Done):
-        raise MessageParked(record.message_id)
 
 
 @metrics.log_metrics
@@ -42,5 +37,16 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
     # several invocations at once in one process (Lambda never does in one container).
     # A batch whose every message was parked is normal (all waiting for slots): report, don't raise.
     processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
-    return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
-                                          context=context)
+    # Each record runs its request's chain while the invocation has time: leave room to answer.
+    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000
+    with ThreadPoolExecutor(max_workers=max(1, min(RECORD_THREADS, len(event.get("Records", []))))) as executor:
+
+        async def handle_record(record: SQSRecord) -> None:
+            worker = Worker(get_settings())
+            outcome = await asyncio.get_running_loop().run_in_executor(
+                executor, worker.handle_record, record.raw_event, deadline)
+            if not isinstance(outcome, Done):
+                raise MessageParked(record.message_id)
+
+        return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
+                                              context=context)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -58,7 +57,7 @@ def _one_worker_thread(monkeypatch):
     """moto in-process is not thread-safe (a cancelled transaction restores a snapshot of the whole
     table, undoing another thread's writes), so the worker runs its records one at a time here."""
     module = load_module(repo_root() / "functions" / "worker" / "app.py")
-    monkeypatch.setattr(module, "executor", ThreadPoolExecutor(max_workers=1))
+    monkeypatch.setattr(module, "RECORD_THREADS", 1)
 
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import base64
 import json
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from freeinference_batch import aws, worker
@@ -26,7 +25,7 @@ def _one_worker_thread(monkeypatch):
     """moto in-process is not thread-safe (a cancelled transaction restores a snapshot of the whole
     table, undoing another thread's writes), so the worker runs its records one at a time here."""
     module = load_module(repo_root() / "functions" / "worker" / "app.py")
-    monkeypatch.setattr(module, "executor", ThreadPoolExecutor(max_workers=1))
+    monkeypatch.setattr(module, "RECORD_THREADS", 1)
 
 
 def run_schedule(name: str) -> dict:

@@ -122,7 +122,7 @@ def test_loader_expands_short_form_tags(tmp_path: Path) -> None:
 def test_function_properties_apply_globals_as_sam_does(functions: dict[str, dict[str, Any]]) -> None:
     worker = functions["GlmFlashWorkerFunction"]
     assert worker["Runtime"] == "python3.13"  # from Globals
-    assert worker["Timeout"] == 150  # the function's own value wins
+    assert worker["Timeout"] == 900  # the function's own value wins
     variables = worker["Environment"]["Variables"]
     assert variables["WORKER_MODEL"] == "glm-5.3-flash"  # maps merge...
     assert variables["BATCH_TABLE_NAME"] == {"Ref": "BatchTable"}  # ...keeping the global keys

@@ -1,15 +1,21 @@
-"""Running request messages: the gates, the claim, the upstream call, the settle.
+"""Running request messages: the gates, the claim, the upstream call, the settle, the hand-over.
 
-One message names one request. Its life, in AWS calls:
+One message starts one chain of a lane (requests k, k+W, k+2W, ... of it, see dispatch.py). In AWS
+calls, a request's life is:
 
-1. one BatchGetItem reads the batch, the owner's key, account and day's usage, and the model's
-   interactive load (the gates, cheapest first);
+1. one BatchGetItem reads the batch, the owner's key, account and day's usage, the model's
+   interactive load and both slot items (the gates, cheapest first);
 2. one transaction claims it: request queued→running (attempts+1), the batch's running count,
    a model slot and an account slot (slots are leases, see store/leases.py);
 3. the upstream call;
-4. one transaction settles it: the request's final state (or back to queued for a retry), the
-   batch's counters and cost, the day's usage, both slots released, and the lane's chain moved on;
-5. one SendMessageBatch puts the chain's next request on the queue.
+4. one transaction hands over: this request's final state, the batch's counters and cost, the
+   day's usage, the lane's chain moved on, and the chain's next request claimed with the same
+   two slots, after step 1's gates for it. The next request then runs in the same invocation.
+
+A chain leaves the invocation (a plain settle that releases the slots, and a message for its
+next request) when a gate says no, the invocation is near its timeout, the request is to be
+retried, or a smaller batch waits for the slots (then the chain yields, see `_should_yield`).
+Whoever releases a slot wakes the best waiting chain at once.
 
 Every write is conditional on the request's claim token, so duplicate deliveries, concurrent
 workers and a worker that dies between any two steps never count anything twice: what a dead
@@ -21,13 +27,14 @@ from __future__ import annotations
 import bisect
 import random
 import threading
-import uuid
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from freeinference_batch import accounts, clock, dispatch, lifecycle, upstream
+from freeinference_batch import accounts, aws, clock, dispatch, lifecycle, upstream
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.observability import logger, metrics
 from freeinference_batch.schemas import RequestMessage
@@ -35,13 +42,27 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable, meta_key
 from freeinference_batch.store.dynamo import TransactionFailed, batch_get, transact
-from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import (
+    Leases,
+    Waiter,
+    account_slots_key,
+    held_by,
+    live_waiters,
+    model_slots_key,
+    new_token,
+)
 
-# A slot wait re-checks after a short, jittered pause; longer waits re-check less often.
+# A slot wait re-checks after a short, jittered pause; a registered waiter is woken when a slot
+# frees, so its park is only the fallback should the wake be lost.
 SLOT_WAIT_SECONDS = (1.0, 3.0)
+WOKEN_WAIT_SECONDS = (5.0, 10.0)
 ACCESS_WAIT_SECONDS = 60.0
 UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
 FRESH_COPY_AFTER_RECEIVES = 500
+# A chain carries on in the invocation only while one more upstream call and its bookkeeping fit.
+HANDOVER_MARGIN_SECONDS = 30.0
+# A chain that yields its slot sends its next message this late, so the woken chain comes first.
+YIELD_DELAY_SECONDS = 1
 _metrics_lock = threading.Lock()
 
 
@@ -63,9 +84,50 @@ class Parked:
     refresh: bool = True
 
 
+@dataclass
+class Claimed:
+    """A request this worker has claimed and is to run."""
+
+    message: RequestMessage
+    meta: dict
+    token: str
+    # False for a request claimed by a hand-over: the SQS record in hand belongs to an earlier one.
+    has_record: bool
+
+
+@dataclass
+class Gates:
+    """What the gate read found for one request."""
+
+    meta: dict | None
+    key_item: dict
+    account: dict
+    usage_nano: int
+    load: int
+    model_slots: dict | None
+    account_slots: dict | None
+
+
+@dataclass
+class Verdict:
+    """The gates' answer: `run` with the two capacities, or why not."""
+
+    kind: str  # run | gone | unauthorized | quota | no_access | no_model
+    owner: accounts.OwnerState | None = None
+    capacity: int = 0
+
+
 def _metric(name: str, value: float = 1, unit: str = "Count") -> None:
     with _metrics_lock:
         metrics.add_metric(name=name, unit=unit, value=value)
+
+
+def _remaining(meta: dict) -> int:
+    return int(meta["total"]) - int(meta.get("completed", 0)) - int(meta.get("failed", 0))
+
+
+def _waiter_id(message: RequestMessage, meta: dict) -> str:
+    return f"{message.batch_id}#{message.index % meta['lane_widths'][message.model]}"
 
 
 class Worker:
@@ -84,15 +146,18 @@ class Worker:
 
     # ---- entry --------------------------------------------------------------------------
 
-    def handle_record(self, record: dict) -> Done | Parked:
-        """One SQS record (the raw Lambda event record); Done means delete the message."""
+    def handle_record(self, record: dict, deadline: float | None = None) -> Done | Parked:
+        """One SQS record (the raw Lambda event record); Done means delete the message.
+
+        `deadline` (time.monotonic()) is when the invocation times out; without one, each
+        message runs its one request and the chain goes on by a new message."""
         try:
             message = RequestMessage.model_validate_json(record["body"])
         except ValidationError:
             logger.error("dropping a message that is not a request message", extra={"message_id": record["messageId"]})
             return Done()
         try:
-            outcome = self.process(message, record)
+            outcome = self.process(message, record, deadline)
         except Exception:
             # Nothing was settled; try again shortly (a claim left behind is recovered by its lease).
             logger.exception("request failed unexpectedly", extra={"batch_id": message.batch_id,
@@ -108,59 +173,100 @@ class Worker:
             dispatch.park(self.settings, message.model, record["receiptHandle"], outcome.seconds)
         return outcome
 
-    # ---- one request --------------------------------------------------------------------
+    def process(self, message: RequestMessage, record: dict, deadline: float | None = None) -> Done | Parked:
+        """Run the message's request and, while the deadline allows, the rest of its chain."""
+        step = self._claim(message, record)
+        while isinstance(step, Claimed):
+            step = self._run(step, deadline)
+        return step
 
-    def process(self, message: RequestMessage, record: dict) -> Done | Parked:
+    # ---- gates --------------------------------------------------------------------------
+
+    def _read_gates(self, message: RequestMessage, now: float) -> Gates:
+        account_id, key_hash = message.account_id, message.key_hash
+        accounts_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
+                         accounts_table.usage_item_key(account_id, clock.utc_day(now)),
+                         accounts_table.load_item_key(message.model), model_slots_key(message.model),
+                         account_slots_key(account_id)]
+        found = batch_get({
+            self.table.name: {"Keys": [meta_key(message.batch_id)], "ConsistentRead": True},
+            self.settings.accounts_table_name: {"Keys": accounts_keys, "ConsistentRead": True},
+        })
+        meta = found[self.table.name][0] if found[self.table.name] else None
+        by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
+        key_item, account, usage, load, model_slots, account_slots = (
+            by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in accounts_keys)
+        if meta is not None and (meta["account_id"] != account_id or meta["key_hash"] != key_hash):
+            # Messages are ours, but never trust one over the batch it names.
+            logger.error("message owner does not match its batch", extra={"batch_id": message.batch_id})
+            meta = None
+        return Gates(meta=meta, key_item=key_item or {}, account=account or {},
+                     usage_nano=int((usage or {}).get("cost_nano", 0)), load=int((load or {}).get("inflight", 0)),
+                     model_slots=model_slots, account_slots=account_slots)
+
+    def _judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0) -> Verdict:
+        """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over."""
+        meta = gates.meta
+        # The batch is gone, no longer runs requests, or its window closed before this one started.
+        if meta is None or meta["status"] not in lifecycle.RUNNABLE or now >= meta["expires_at"]:
+            return Verdict("gone")
+        # The owner, checked again before every run.
+        owner = accounts.judge_owner(self.catalog, meta["account_id"], gates.key_item or None,
+                                     gates.account or None, gates.usage_nano + pending_cost, now)
+        kind = {accounts.OwnerStatus.UNAUTHORIZED: "unauthorized", accounts.OwnerStatus.QUOTA_EXHAUSTED: "quota",
+                accounts.OwnerStatus.NO_BATCH_ACCESS: "no_access"}.get(owner.status)
+        if kind:
+            return Verdict(kind, owner)
+        model = self.catalog.models.get(message.model)
+        if model is None:
+            return Verdict("no_model", owner)
+        return Verdict("run", owner, model.batch_capacity(gates.load))
+
+    # ---- claiming -----------------------------------------------------------------------
+
+    def _claim(self, message: RequestMessage, record: dict) -> Done | Parked | Claimed:
         now = self.now()
-        meta, key_item, account, usage, load = self._read_gate_items(message, now)
+        gates = self._read_gates(message, now)
+        verdict = self._judge(message, gates, now)
+        meta = gates.meta
         log = {"batch_id": message.batch_id, "position": message.position, "model": message.model}
-
-        # Gate 1: the batch is gone or no longer runs this request.
-        if meta is None or meta["status"] not in lifecycle.RUNNABLE:
+        if verdict.kind == "gone":
             if meta is not None:
                 lifecycle.try_finalize(self.settings, self.table, meta, now)
             return Done()
-        # Gate 2: the window closed before the request started: it expires with the batch.
-        if now >= meta["expires_at"]:
-            lifecycle.try_finalize(self.settings, self.table, meta, now)
-            return Done()
-        # Gate 3: the owner, checked again before every run.
-        owner = accounts.judge_owner(self.catalog, meta["account_id"], key_item or None, account or None,
-                                     int(usage.get("cost_nano", 0)), now)
-        if owner.status == accounts.OwnerStatus.UNAUTHORIZED:
+        assert meta is not None and verdict.owner is not None
+        owner = verdict.owner
+        if verdict.kind == "unauthorized":
             logger.info("owner no longer valid: failing the batch", extra={**log, "reason": owner.reason})
             lifecycle.fail_batch(self.settings, self.table, meta, now, "owner_unauthorized",
                                  f"The key or account that created the batch is no longer valid: {owner.reason}")
             return Done()
-        if owner.status == accounts.OwnerStatus.QUOTA_EXHAUSTED:
+        if verdict.kind == "quota":
             assert owner.resume_at is not None
             _metric("RequestsParked")
             return self._park_long(message, meta, owner.resume_at + random.uniform(1, 30) - now)
-        if owner.status == accounts.OwnerStatus.NO_BATCH_ACCESS:
+        if verdict.kind == "no_access":
             _metric("RequestsParked")
             return self._park_long(message, meta, ACCESS_WAIT_SECONDS)
-        # Gate 4: room on the model and in the account's concurrency.
-        model = self.catalog.models.get(message.model)
-        if model is None:
+        if verdict.kind == "no_model":
             return self._settle_without_run(message, meta, {"code": "model_not_found", "status": 404,
                                                              "message": f"Model {message.model!r} not found"})
-        capacity = model.batch_capacity(int(load.get("inflight", 0)))
-        if capacity <= 0:
-            return self._wait_for_slot(message, meta, record, now)
+        if verdict.capacity <= 0:
+            return self._wait_for_slot(message, meta, record, now, None, None)
 
-        token = uuid.uuid4().hex
+        slots = [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
+                 (account_slots_key(meta["account_id"]), gates.account_slots, owner.concurrency_limit)]
+        for slots_key, item, capacity in slots:
+            # Full as read (or never used): drop expired leases (a dead worker's), else wait.
+            full = item is None or "leases" not in item or len(item["leases"]) >= capacity
+            if full and not self.leases.reap(slots_key, now):
+                return self._wait_for_slot(message, meta, record, now, slots_key, item)
+
+        token = new_token(message.batch_id)
         lease_until = now + self.settings.lease_seconds
+        waiter_id = _waiter_id(message, meta)
         claim = [
-            self.table.request_update_element(
-                message.batch_id, message.position,
-                "SET #status = :running, attempts = if_not_exists(attempts, :zero) + :one, claim = :token, "
-                "lease_until = :lease, started_at = if_not_exists(started_at, :now), #ttl = :ttl, "
-                "model = :model, lane_index = :index",
-                "attribute_not_exists(pk) OR #status = :queued",
-                names={"#status": "status", "#ttl": "ttl"},
-                running="running", queued="queued", zero=0, one=1, token=token, lease=lease_until,
-                now=int(now), ttl=meta["ttl"], model=message.model, index=message.index,
-            ),
+            self._claim_request_element(message, meta, token, now),
             self.table.meta_update_element(
                 message.batch_id,
                 "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
@@ -168,57 +274,49 @@ class Worker:
                 names={"#status": "status"}, in_progress="in_progress", validating="validating",
                 now=int(now), one=1,
             ),
-            self.leases.acquire_element(model_slots_key(message.model), token, capacity, lease_until),
-            self.leases.acquire_element(account_slots_key(meta["account_id"]), token,
-                                        owner.concurrency_limit, lease_until),
+            *(self.leases.acquire_element(slots_key, token, capacity, lease_until,
+                                          stop_waiting=waiter_id if waiter_id in (item or {}).get("waiters", {})
+                                          else None)
+              for slots_key, item, capacity in slots),
         ]
-        for attempt in range(2):
-            try:
-                transact(claim)
-                break
-            except TransactionFailed as failure:
-                if failure.failed(0):
-                    return Done()  # a duplicate: the request already runs or has settled
-                if failure.failed(1):
-                    return Parked(0)  # the batch changed (cancelled, expired...): look again
-                # No free slot: drop expired leases (a dead worker's) and, if any, try once more.
-                freed = self.leases.reap(model_slots_key(message.model), now) + self.leases.reap(
-                    account_slots_key(meta["account_id"]), now)
-                if not freed or attempt:
-                    return self._wait_for_slot(message, meta, record, now)
-
-        self._maybe_crash("after claim")
-        _metric("RequestsRun")
+        try:
+            transact(claim)
+        except TransactionFailed as failure:
+            if failure.failed(0):
+                return Done()  # a duplicate: the request already runs or has settled
+            if failure.failed(1):
+                return Parked(0)  # the batch changed (cancelled, expired...): look again
+            # Someone took the slot since the read.
+            full = 2 if failure.failed(2) else 3
+            return self._wait_for_slot(message, meta, record, now, slots[full - 2][0], None)
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
         _metric("QueueWait", max(0.0, now - sent), "Seconds")
+        return Claimed(message, meta, token, has_record=True)
+
+    def _claim_request_element(self, message: RequestMessage, meta: dict, token: str, now: float) -> dict:
+        return self.table.request_update_element(
+            message.batch_id, message.position,
+            "SET #status = :running, attempts = if_not_exists(attempts, :zero) + :one, claim = :token, "
+            "lease_until = :lease, started_at = if_not_exists(started_at, :now), #ttl = :ttl, "
+            "model = :model, lane_index = :index",
+            "attribute_not_exists(pk) OR #status = :queued",
+            names={"#status": "status", "#ttl": "ttl"},
+            running="running", queued="queued", zero=0, one=1, token=token,
+            lease=now + self.settings.lease_seconds, now=int(now), ttl=meta["ttl"], model=message.model,
+            index=message.index,
+        )
+
+    # ---- running ------------------------------------------------------------------------
+
+    def _run(self, claimed: Claimed, deadline: float | None) -> Done | Parked | Claimed:
+        message, meta = claimed.message, claimed.meta
+        self._maybe_crash("after claim")
+        _metric("RequestsRun")
         body = self._request_body(meta, message.position)
         outcome = upstream.call(self.settings, body, account_id=meta["account_id"],
                                 request_ref=f"{message.batch_id}:{message.position}")
         self._maybe_crash("after upstream call")
-        return self._settle(message, meta, token, outcome)
-
-    # ---- reading ------------------------------------------------------------------------
-
-    def _read_gate_items(self, message: RequestMessage, now: float) -> tuple[dict | None, dict, dict, dict, dict]:
-        account_id, key_hash = message.account_id, message.key_hash
-        day = clock.utc_day(now)
-        accounts_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
-                         accounts_table.usage_item_key(account_id, day), accounts_table.load_item_key(message.model)]
-        found = batch_get({
-            self.table.name: {"Keys": [meta_key(message.batch_id)], "ConsistentRead": True},
-            self.settings.accounts_table_name: {"Keys": accounts_keys, "ConsistentRead": True},
-        })
-        meta = found[self.table.name][0] if found[self.table.name] else None
-        by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
-
-        def pick(k: dict) -> dict:
-            return by_key.get((k["pk"]["S"], k["sk"]["S"]), {})
-
-        if meta is not None and (meta["account_id"] != account_id or meta["key_hash"] != key_hash):
-            # Messages are ours, but never trust one over the batch it names.
-            logger.error("message owner does not match its batch", extra={"batch_id": message.batch_id})
-            return None, {}, {}, {}, {}
-        return meta, *(pick(k) for k in accounts_keys)  # type: ignore[return-value]
+        return self._settle(claimed, outcome, deadline)
 
     def _request_body(self, meta: dict, position: int) -> dict:
         starts = meta["chunk_starts"]
@@ -227,13 +325,25 @@ class Worker:
 
     # ---- waiting ------------------------------------------------------------------------
 
-    def _wait_for_slot(self, message: RequestMessage, meta: dict, record: dict, now: float) -> Parked:
+    def _wait_for_slot(self, message: RequestMessage, meta: dict, record: dict, now: float,
+                       slots_key: dict | None, item: dict | None) -> Parked:
+        """No slot: register as a waiter on the full slots item (to be woken when one frees) and park."""
         _metric("RequestsParked")
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
         if now - sent > self.settings.batch_dispatch_lease_seconds / 2:
             # Waiting long: tell the sweep this chain is alive, or it would send a duplicate.
             self._renew_dispatch_lease(message, meta, now + self.settings.batch_dispatch_lease_seconds)
-        return Parked(random.uniform(*SLOT_WAIT_SECONDS))
+        handle = record.get("receiptHandle")
+        if slots_key is None or not handle:
+            return Parked(random.uniform(*SLOT_WAIT_SECONDS))
+        seconds = random.uniform(*WOKEN_WAIT_SECONDS)
+        if item is None:
+            item = self._read_slots([slots_key])[0]
+        waiter = Waiter(id=_waiter_id(message, meta), batch_id=message.batch_id, model=message.model,
+                        remaining=_remaining(meta), handle=handle, until=now + seconds + 5)
+        if not self.leases.add_waiter(slots_key, item, waiter, now):
+            return Parked(random.uniform(*SLOT_WAIT_SECONDS))
+        return Parked(seconds)
 
     def _park_long(self, message: RequestMessage, meta: dict, seconds: float) -> Parked:
         seconds = min(seconds, 12 * 3600 - 60)  # SQS caps a visibility change at 12 h: re-park later
@@ -246,10 +356,35 @@ class Worker:
         self.table.update_request(message.batch_id, message.position, "SET lease_until = :until",
                                   "#status = :queued", names={"#status": "status"}, until=until, queued="queued")
 
+    def _read_slots(self, keys: list[dict]) -> list[dict | None]:
+        found = batch_get({self.settings.accounts_table_name: {"Keys": keys, "ConsistentRead": True}})
+        by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
+        return [by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in keys]
+
+    def _wake_waiters(self, message: RequestMessage, account_id: str, now: float) -> None:
+        """A slot was freed and not taken again: make the best waiting chain's message visible."""
+        keys = [model_slots_key(message.model), account_slots_key(account_id)]
+        for slots_key, item in zip(keys, self._read_slots(keys), strict=True):
+            for waiter in live_waiters(item, now):
+                if self.leases.take_waiter(slots_key, waiter):
+                    self._make_visible(waiter)
+                    break
+
+    def _make_visible(self, waiter: Waiter) -> None:
+        try:
+            aws.sqs().change_message_visibility(QueueUrl=self.settings.model_queue_urls[waiter.model],
+                                                ReceiptHandle=waiter.handle, VisibilityTimeout=0)
+            _metric("WaitersWoken")
+        except (ClientError, KeyError):
+            # Received again since (a new handle) or gone: it is running or will come back by itself.
+            logger.info("waiter was no longer parked", extra={"batch_id": waiter.batch_id})
+
     # ---- settling -----------------------------------------------------------------------
 
-    def _settle(self, message: RequestMessage, meta: dict, token: str, outcome: upstream.Outcome) -> Done | Parked:
+    def _settle(self, claimed: Claimed, outcome: upstream.Outcome, deadline: float | None) -> Done | Parked | Claimed:
+        message, meta, token = claimed.message, claimed.meta, claimed.token
         now = self.now()
+        log = {"batch_id": message.batch_id, "position": message.position}
         state = self.table.get_request(message.batch_id, message.position) if outcome.kind == "retry" else None
         attempts = int(state.get("attempts", 1)) if state else 1
         if outcome.kind == "retry" and attempts < self.settings.batch_max_attempts:
@@ -259,23 +394,111 @@ class Worker:
             if not requeued:
                 return Done()
             _metric("RequestsRetried")
-            logger.info("request will be retried", extra={"batch_id": message.batch_id, "position": message.position,
-                                                          "attempt": attempts, "delay": round(delay, 2),
+            logger.info("request will be retried", extra={**log, "attempt": attempts, "delay": round(delay, 2),
                                                           "code": outcome.error and outcome.error["code"]})
-            return Parked(delay)
+            self._wake_waiters(message, meta["account_id"], now)
+            if claimed.has_record:
+                return Parked(delay)
+            # The record in hand is an earlier request's: this one needs a message of its own.
+            dispatch.send(self.settings, [message], delay_seconds=min(900, round(delay)))
+            return Done()
+
+        settle: dict[str, Any]
         if outcome.kind == "completed":
             assert outcome.response is not None
             prompt, completion = upstream.usage_of(outcome.response["body"])
             cost = self.catalog.models[message.model].cost_nano(prompt, completion)
-            settled = self._transact_settle(message, meta, token, now, status="completed",
-                                            response=outcome.response, cost_nano=cost)
+            settle = {"status": "completed", "response": outcome.response, "cost_nano": cost}
         else:
             _metric("RequestsFailed")
-            settled = self._transact_settle(message, meta, token, now, status="failed", error=outcome.error)
-        if settled:
-            self._maybe_crash("after settle")
-            self._continue_chain(message, meta, now)
+            settle = {"status": "failed", "error": outcome.error}
+
+        following = self._following(message, meta)
+        next_delay = 0
+        if following is not None and deadline is not None and (
+                deadline - time.monotonic() > self.settings.batch_upstream_timeout_seconds + HANDOVER_MARGIN_SECONDS):
+            handed = self._hand_over(claimed, following, now, settle)
+            if not isinstance(handed, int):
+                return handed
+            next_delay = handed
+        if not self._transact_settle(message, meta, token, now, **settle):
+            return Done()
+        self._maybe_crash("after settle")
+        self._continue_chain(message, following, now, next_delay)
+        self._wake_waiters(message, meta["account_id"], now)
         return Done()
+
+    def _following(self, message: RequestMessage, meta: dict) -> RequestMessage | None:
+        """The chain's next request, or None at the chain's end."""
+        width = meta["lane_widths"][message.model]
+        positions = self.table.get_lane_positions(message.batch_id, message.model)
+        index = message.index + width
+        if index >= len(positions):
+            return None
+        return message.model_copy(update={"index": index, "position": positions[index]})
+
+    def _hand_over(self, claimed: Claimed, following: RequestMessage, now: float,
+                   settle: dict[str, Any]) -> Claimed | Done | int:
+        """Settle this request and claim the chain's next one with the same slots, in one
+        transaction. Answers the next claim, Done if this run lost its claim, or the delay (s) to
+        send the next request's message with when the chain must leave the invocation."""
+        message, meta, token = claimed.message, claimed.meta, claimed.token
+        cost = int(settle.get("cost_nano", 0))
+        gates = self._read_gates(following, now)
+        verdict = self._judge(following, gates, now, pending_cost=cost)
+        if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
+            return 0  # the next request's own message will meet the gate and act on it
+        fresh_meta = gates.meta
+        slots = [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
+                 (account_slots_key(meta["account_id"]), gates.account_slots, verdict.owner.concurrency_limit)]
+        for _, item, capacity in slots:
+            leases = (item or {}).get("leases", {})
+            if token not in leases or len(leases) > capacity:
+                return 0  # the capacity shrank (or our lease was reaped): release and queue up again
+        if self._should_yield(message.batch_id, _remaining(fresh_meta) - 1, [item for _, item, _ in slots], now):
+            _metric("SlotsYielded")
+            return YIELD_DELAY_SECONDS
+
+        next_token = new_token(message.batch_id)
+        lease_until = now + self.settings.lease_seconds
+        counter = "completed" if settle["status"] == "completed" else "failed"
+        elements = [
+            self._settle_request_element(message, token, now, **settle),
+            self.table.meta_update_element(
+                message.batch_id, f"ADD {counter} :one" + (", cost_nano :cost" if cost else ""),
+                "#status IN (:validating, :in_progress) AND expires_at > :now", names={"#status": "status"},
+                one=1, validating="validating", in_progress="in_progress", now=int(now),
+                **({"cost": cost} if cost else {})),
+            *(self.leases.transfer_element(slots_key, token, next_token, capacity, lease_until)
+              for slots_key, _, capacity in slots),
+            self._lane_advance(message, meta, now),
+            self._claim_request_element(following, fresh_meta, next_token, now),
+        ]
+        if cost:
+            elements.append(accounts_table.add_usage_element(self.settings, meta["account_id"], cost,
+                                                             clock.utc_day(now), int(now)))
+        try:
+            transact(elements)
+        except TransactionFailed as failure:
+            if failure.failed(0):
+                logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
+                                                                  "position": message.position})
+                return Done()
+            return 0  # the batch stopped, a slot changed or the next request was claimed: settle plainly
+        _metric("RequestsHandedOver")
+        return Claimed(following, fresh_meta, next_token, has_record=False)
+
+    def _should_yield(self, batch_id: str, remaining: int, items: list[dict | None], now: float) -> bool:
+        """Batches take turns: a chain gives its slot up (it keeps its batch's last one) to a waiting
+        batch that holds none of these slots, or that has fewer requests left."""
+        for item in items:
+            if held_by(item, batch_id) <= 1:
+                continue
+            for waiter in live_waiters(item, now):
+                if waiter.batch_id != batch_id and (held_by(item, waiter.batch_id) == 0
+                                                    or waiter.remaining < remaining):
+                    return True
+        return False
 
     def _settle_without_run(self, message: RequestMessage, meta: dict, error: dict) -> Done:
         """A request that can never run (its model left the catalog) fails without a claim."""
@@ -294,12 +517,13 @@ class Worker:
             transact(elements)
         except TransactionFailed:
             return Done()
-        self._continue_chain(message, meta, now)
+        self._continue_chain(message, self._following(message, meta), now)
         return Done()
 
-    def _transact_settle(self, message: RequestMessage, meta: dict, token: str, now: float, *, status: str,
-                         error: dict | None = None, response: dict | None = None, cost_nano: int = 0,
-                         lease_until: float | None = None) -> bool:
+    def _settle_request_element(self, message: RequestMessage, token: str, now: float, *, status: str,
+                                error: dict | None = None, response: dict | None = None, cost_nano: int = 0,
+                                lease_until: float | None = None) -> dict:
+        """The request's own update when a run settles, conditional on the run's claim."""
         names = {"#status": "status"}
         named: dict[str, Any] = {"status": status, "token": token, "running": "running"}
         sets = ["#status = :status"]
@@ -323,11 +547,16 @@ class Worker:
         if cost_nano:
             sets.append("cost_nano = :cost")
             named["cost"] = cost_nano
-        elements = [
-            self.table.request_update_element(
-                message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}",
-                "#status = :running AND claim = :token", names=names, **named),
-        ]
+        return self.table.request_update_element(
+            message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}",
+            "#status = :running AND claim = :token", names=names, **named)
+
+    def _transact_settle(self, message: RequestMessage, meta: dict, token: str, now: float, *, status: str,
+                         error: dict | None = None, response: dict | None = None, cost_nano: int = 0,
+                         lease_until: float | None = None) -> bool:
+        """Settle and release both slots (a final state also moves the lane's chain on)."""
+        elements = [self._settle_request_element(message, token, now, status=status, error=error,
+                                                 response=response, cost_nano=cost_nano, lease_until=lease_until)]
         counter = {"completed": "completed :one, ", "failed": "failed :one, "}.get(status, "")
         meta_update = f"ADD {counter}running :minus_one" + (", cost_nano :cost" if cost_nano else "")
         meta_values: dict[str, Any] = {"minus_one": -1}
@@ -357,14 +586,11 @@ class Worker:
         return self.table.lane_update_element(message.batch_id, message.model, message.index % width,
                                               message.index + width, now + self.settings.batch_dispatch_lease_seconds)
 
-    def _continue_chain(self, message: RequestMessage, meta: dict, now: float) -> None:
+    def _continue_chain(self, message: RequestMessage, following: RequestMessage | None, now: float,
+                        delay_seconds: int = 0) -> None:
         """Send the chain's next request; at the chain's end, see whether the batch is done."""
-        width = meta["lane_widths"][message.model]
-        positions = self.table.get_lane_positions(message.batch_id, message.model)
-        following = message.index + width
-        if following < len(positions):
-            dispatch.send(self.settings, [message.model_copy(update={"index": following,
-                                                                     "position": positions[following]})])
+        if following is not None:
+            dispatch.send(self.settings, [following], delay_seconds=delay_seconds)
             return
         fresh = self.table.get_meta(message.batch_id)
         if fresh is not None:

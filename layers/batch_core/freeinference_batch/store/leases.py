@@ -4,10 +4,20 @@ concurrent-request slots, shared with its interactive traffic).
 
 A slot is an entry `holder -> expiry` in the item's `leases` map; taking one is a conditional
 write on the map's size, so it can sit inside the claim transaction. A worker that dies leaves
-an entry that simply expires: whoever next finds the slots full reaps expired entries.
+an entry that simply expires: whoever next finds the slots full reaps expired entries. A batch
+request's holder is its claim token, `<batch id>.<random>`, so the map also tells how many
+slots each batch holds.
+
+Beside the leases, the item keeps `waiters`: chains that found the slots full, each with the
+receipt handle of its parked message. Whoever frees a slot without taking it again makes the
+best waiter's message visible at once (see `Waiter.rank`), so a freed slot never sits idle
+for the length of a park, and a settling chain can hand its slot to a smaller batch.
 """
 
 from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
@@ -28,16 +38,74 @@ def model_load_key(model: str) -> dict:
     return key(f"MODEL#{model}", "LOAD")
 
 
+# Bounds the slots item (every gate read carries it): beyond this, waiters just park longer.
+MAX_WAITERS = 32
+
+
+def new_token(batch_id: str) -> str:
+    """A claim token, which is also the holder of the claim's slots."""
+    return f"{batch_id}.{uuid.uuid4().hex}"
+
+
+def held_by(item: dict | None, batch_id: str) -> int:
+    """How many of the item's slots the batch's requests hold."""
+    prefix = f"{batch_id}."
+    return sum(1 for holder in (item or {}).get("leases", {}) if holder.startswith(prefix))
+
+
+@dataclass(frozen=True)
+class Waiter:
+    id: str  # "<batch id>#<chain>": one entry per waiting chain
+    batch_id: str
+    model: str
+    remaining: int  # the batch's unfinished requests when it registered
+    handle: str
+    until: float
+
+    def rank(self, item: dict | None) -> tuple[bool, int, float]:
+        """Who is woken first: batches holding none of the slots, then the fewest requests left."""
+        return held_by(item, self.batch_id) > 0, self.remaining, self.until
+
+    def entry(self) -> dict:
+        return {"b": self.batch_id, "m": self.model, "r": self.remaining, "h": self.handle, "u": self.until}
+
+
+def live_waiters(item: dict | None, now: float) -> list[Waiter]:
+    """The item's unexpired waiters, best first."""
+    waiters = [
+        Waiter(id=name, batch_id=e["b"], model=e["m"], remaining=int(e["r"]), handle=e["h"], until=float(e["u"]))
+        for name, e in (item or {}).get("waiters", {}).items() if float(e["u"]) > now
+    ]
+    return sorted(waiters, key=lambda w: w.rank(item))
+
+
 class Leases:
     def __init__(self, settings: Settings) -> None:
         self.table = settings.accounts_table_name
 
-    def acquire_element(self, slots_key: dict, holder: str, capacity: int, until: float) -> dict:
+    def acquire_element(self, slots_key: dict, holder: str, capacity: int, until: float,
+                        stop_waiting: str | None = None) -> dict:
+        """Take a slot; `stop_waiting` names the claimant's own waiter entry, removed with it."""
+        names = {"#holder": holder}
+        expression = "SET leases.#holder = :until"
+        if stop_waiting:
+            expression += " REMOVE waiters.#waiter"
+            names["#waiter"] = stop_waiting
         return {"Update": {
             "TableName": self.table, "Key": slots_key,
-            "UpdateExpression": "SET leases.#holder = :until",
+            "UpdateExpression": expression,
             "ConditionExpression": "attribute_exists(leases) AND size(leases) < :capacity",
-            "ExpressionAttributeNames": {"#holder": holder},
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values(until=until, capacity=capacity),
+        }}
+
+    def transfer_element(self, slots_key: dict, old: str, new: str, capacity: int, until: float) -> dict:
+        """Pass a held slot from one claim to the next, unless the capacity has shrunk below it."""
+        return {"Update": {
+            "TableName": self.table, "Key": slots_key,
+            "UpdateExpression": "REMOVE leases.#old SET leases.#new = :until",
+            "ConditionExpression": "attribute_exists(leases.#old) AND size(leases) <= :capacity",
+            "ExpressionAttributeNames": {"#old": old, "#new": new},
             "ExpressionAttributeValues": values(until=until, capacity=capacity),
         }}
 
@@ -80,6 +148,47 @@ class Leases:
                 if not is_conditional_failure(error):
                     raise
         return freed
+
+    def add_waiter(self, slots_key: dict, item: dict | None, waiter: Waiter, now: float) -> bool:
+        """Register a waiting chain (replacing its older entry, dropping expired ones); False
+        when the list is full."""
+        present = (item or {}).get("waiters")
+        if present is None:
+            try:
+                aws.dynamodb().update_item(
+                    TableName=self.table, Key=slots_key, UpdateExpression="SET waiters = :waiters",
+                    ConditionExpression="attribute_not_exists(waiters)",
+                    ExpressionAttributeValues=values(waiters={waiter.id: waiter.entry()}))
+                return True
+            except ClientError as error:
+                if not is_conditional_failure(error):
+                    raise
+            present = {}  # someone else created it meanwhile: add to it
+        live = {w.id for w in live_waiters(item, now)}
+        if waiter.id not in live and len(live) >= MAX_WAITERS:
+            return False
+        expired = [name for name, e in present.items() if float(e["u"]) <= now and name != waiter.id][:20]
+        names = {"#waiter": waiter.id, **{f"#x{n}": name for n, name in enumerate(expired)}}
+        expression = "SET waiters.#waiter = :entry"
+        if expired:
+            expression += " REMOVE " + ", ".join(f"waiters.#x{n}" for n in range(len(expired)))
+        aws.dynamodb().update_item(
+            TableName=self.table, Key=slots_key, UpdateExpression=expression,
+            ExpressionAttributeNames=names, ExpressionAttributeValues=values(entry=waiter.entry()))
+        return True
+
+    def take_waiter(self, slots_key: dict, waiter: Waiter) -> bool:
+        """Remove a waiter to wake it; False if another worker took it first (or it re-registered)."""
+        try:
+            aws.dynamodb().update_item(
+                TableName=self.table, Key=slots_key, UpdateExpression="REMOVE waiters.#waiter",
+                ConditionExpression="waiters.#waiter.h = :handle",
+                ExpressionAttributeNames={"#waiter": waiter.id}, ExpressionAttributeValues=values(handle=waiter.handle))
+            return True
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
+            return False
 
     def holders(self, slots_key: dict) -> dict[str, float]:
         answer = aws.dynamodb().get_item(TableName=self.table, Key=slots_key, ConsistentRead=True)
