@@ -255,3 +255,165 @@ def test_no_claim_while_interactive_load_fills_the_model(harness, upstream, work
     accounts_table.put_model_load(harness.settings, MODEL, 0, at=int(time.time()))
     assert isinstance(worker.process(message, NO_RECORD), Done)
     assert harness.batch(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+
+
+# ---------------------------------------------------------------- chains in one invocation
+
+TIME_LEFT = 600.0  # seconds left in the invocation: plenty for a chain to run on
+
+
+def queued_messages(harness, model: str = MODEL) -> int:
+    attributes = aws.sqs().get_queue_attributes(
+        QueueUrl=harness.queues[model],
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed"],
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesDelayed"])
+
+
+def received_record(harness, batch_id: str, position: int, model: str = MODEL) -> dict:
+    """Receive the queued message for one request (hiding it, as a delivery does): its record."""
+    sqs = aws.sqs()
+    for _ in range(20):
+        found = None
+        for received in sqs.receive_message(QueueUrl=harness.queues[model], MaxNumberOfMessages=10,
+                                            VisibilityTimeout=3600, AttributeNames=["All"]).get("Messages", []):
+            body = RequestMessage.model_validate_json(received["Body"])
+            if (body.batch_id, body.position) == (batch_id, position):
+                found = {"messageId": received["MessageId"], "receiptHandle": received["ReceiptHandle"],
+                         "body": received["Body"], "attributes": received["Attributes"]}
+            else:  # every other message received alongside goes back on the queue
+                sqs.change_message_visibility(QueueUrl=harness.queues[model],
+                                              ReceiptHandle=received["ReceiptHandle"], VisibilityTimeout=0)
+        if found:
+            return found
+    raise AssertionError(f"no queued message for {batch_id} request {position}")
+
+
+def test_a_chain_runs_on_in_one_invocation_and_each_request_counts_once(harness, upstream, worker):
+    sim, _ = upstream
+    # Given an 8-request batch: 4 chains (the model's batch concurrency) of 2 requests each
+    contents = [f"Chain request {n}" for n in range(8)]
+    batch = harness.create([sample_request(f"q-{n}", text) for n, text in enumerate(contents)])
+    first = message_for(harness, batch["id"], 0)
+    second = message_for(harness, batch["id"], 4)
+    assert second.index == first.index + 4
+    queued = queued_messages(harness)
+    # When chain 0's first message is processed with time left in the invocation
+    assert isinstance(worker.process(first, NO_RECORD, deadline=time.monotonic() + TIME_LEFT), Done)
+    # Then both of its requests ran, each once, handing the slots over without a new message
+    assert attempts(sim, batch["id"], 0) == attempts(sim, batch["id"], 4) == 1
+    assert queued_messages(harness) == queued
+    assert state_of(harness, batch["id"], 0)["status"] == state_of(harness, batch["id"], 4)["status"] == "completed"
+    meta = meta_of(harness, batch["id"])
+    assert (meta["completed"], meta.get("failed", 0), meta["running"]) == (2, 0, 0)
+    assert meta["cost_nano"] == usage_today(harness) == one_cost(contents[0]) + one_cost(contents[4])
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+    # And when every queued message (chain 0's among them, now a duplicate) is delivered, each
+    # request ends counted and charged once
+    final = harness.run_to_final(batch["id"])
+    assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+    assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
+    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == sum(map(one_cost, contents))
+
+
+def test_a_chain_without_time_for_another_request_sends_its_next_message(harness, upstream, worker):
+    sim, _ = upstream
+    batch = harness.create([sample_request(f"q-{n}", f"Short of time {n}") for n in range(8)])
+    queued = queued_messages(harness)
+    # When the invocation has less time left than one more upstream call needs
+    too_little = harness.settings.batch_upstream_timeout_seconds + 10
+    outcome = worker.process(message_for(harness, batch["id"], 0), NO_RECORD, deadline=time.monotonic() + too_little)
+    # Then only the message's own request ran, and the chain goes on by a new message
+    assert isinstance(outcome, Done)
+    assert attempts(sim, batch["id"], 0) == 1 and attempts(sim, batch["id"], 4) == 0
+    assert queued_messages(harness) == queued + 1
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    final = harness.run_to_final(batch["id"])
+    assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+    assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
+
+
+def test_a_chain_stops_handing_over_when_interactive_load_takes_the_model(harness, upstream, worker, monkeypatch):
+    sim, _ = upstream
+    batch = harness.create([sample_request(f"q-{n}", f"Load rises {n}") for n in range(8)])
+    real_call = upstream_client.call
+
+    def call_while_load_rises(*args, **kwargs):
+        # The interactive gateway reports the model full while the batch request runs
+        accounts_table.put_model_load(
+            harness.settings, MODEL, load_catalog().models[MODEL].interactive_capacity, at=int(time.time()))
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", call_while_load_rises)
+    outcome = worker.process(message_for(harness, batch["id"], 0), NO_RECORD, deadline=time.monotonic() + TIME_LEFT)
+    monkeypatch.setattr(upstream_client, "call", real_call)
+    # Then the running request finished and gave its slot back; the next one did not start
+    assert isinstance(outcome, Done)
+    assert attempts(sim, batch["id"], 0) == 1 and attempts(sim, batch["id"], 4) == 0
+    assert meta_of(harness, batch["id"])["completed"] == 1
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    # And the chain's next request waits for the load to drop, then runs
+    assert isinstance(worker.process(message_for(harness, batch["id"], 4), NO_RECORD), Parked)
+    accounts_table.put_model_load(harness.settings, MODEL, 0, at=int(time.time()))
+    final = harness.run_to_final(batch["id"])
+    assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+    assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
+
+
+@pytest.mark.parametrize("other_holders_are", ["the big batch's other chains", "another batch"])
+def test_a_batch_holding_several_slots_yields_one_to_a_waiting_batch(harness, upstream, worker, monkeypatch,
+                                                                     other_holders_are):
+    sim, _ = upstream
+    # Given a big batch and a small one on the same model, the small one's first message delivered
+    big = harness.create([sample_request(f"big-{n}", f"Big {n}") for n in range(8)])
+    small = harness.create([sample_request(f"small-{n}", f"Small {n}") for n in range(2)])
+    small_record = received_record(harness, small["id"], 0)
+    # and the model's other 3 slots held (for an hour) by the big batch's other chains, or by a
+    # third batch
+    owner = big["id"] if other_holders_are == "the big batch's other chains" else "batch_other"
+    holders = {f"{owner}.{n}": now(harness) + 3600 for n in range(3)}
+    fill_slots(harness, model_slots_key(MODEL), holders)
+    real_call = upstream_client.call
+    small_outcomes: list = []
+
+    def call_while_the_small_batch_arrives(*args, **kwargs):
+        if not small_outcomes:  # all 4 slots are taken now: the small batch's chain must wait
+            small_outcomes.append(Worker(harness.settings).handle_record(small_record))
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", call_while_the_small_batch_arrives)
+    # When the big batch's chain finishes its request with time left to run on
+    outcome = worker.process(message_for(harness, big["id"], 0), NO_RECORD, deadline=time.monotonic() + TIME_LEFT)
+    monkeypatch.setattr(upstream_client, "call", real_call)
+    assert isinstance(outcome, Done) and isinstance(small_outcomes[0], Parked)
+    assert attempts(sim, big["id"], 0) == 1 and attempts(sim, small["id"], 0) == 0
+    slots = Leases(harness.settings).holders(model_slots_key(MODEL))
+    woken = received_record_now(harness, small["id"], 0)
+    if owner == big["id"]:
+        # Then, holding 4 slots, it yields one: its next request waits for a message of its own
+        assert attempts(sim, big["id"], 4) == 0
+    else:
+        # Then, holding only this one, it keeps it and runs the rest of its chain first
+        assert attempts(sim, big["id"], 4) == 1
+    # And either way the freed slot is left for the small batch, whose parked message is made
+    # visible at once
+    assert set(slots) == set(holders)
+    assert woken
+    # And when the other holders finish, everything ends counted once
+    for holder in holders:
+        Leases(harness.settings).release(model_slots_key(MODEL), holder)
+    for batch in (big, small):
+        assert harness.run_to_final(batch["id"])["status"] == "completed"
+    assert all(attempts(sim, big["id"], n) == 1 for n in range(8))
+    assert all(attempts(sim, small["id"], n) == 1 for n in range(2))
+
+
+def received_record_now(harness, batch_id: str, position: int, model: str = MODEL) -> bool:
+    """Whether the request's message is visible on the queue right now."""
+    for received in aws.sqs().receive_message(QueueUrl=harness.queues[model], MaxNumberOfMessages=10,
+                                              VisibilityTimeout=0).get("Messages", []):
+        body = RequestMessage.model_validate_json(received["Body"])
+        if (body.batch_id, body.position) == (batch_id, position):
+            return True
+    return False
