@@ -68,12 +68,23 @@ class Timings:
     """Worker-side timings (seconds), filled by the wrappers."""
 
     handle: list[float] = field(default_factory=list)  # every handle_record
-    handle_with_upstream: list[float] = field(default_factory=list)  # handle_record minus its upstream call
+    # records that called upstream: (handle_record minus its upstream calls, upstream calls). One
+    # record runs a stretch of its chain (the hand-overs), so a record can run several requests.
+    chain_runs: list[tuple[float, int]] = field(default_factory=list)
     upstream: list[float] = field(default_factory=list)
     queue_wait: list[float] = field(default_factory=list)  # SentTimestamp -> handle_record start
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     invocations: list[tuple[int, float]] = field(default_factory=list)  # (messages, seconds)
     api: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # route -> seconds
+
+    @property
+    def requests_run(self) -> int:
+        return sum(calls for _, calls in self.chain_runs)
+
+    @property
+    def overhead_per_request(self) -> float:
+        """Worker time per upstream call besides the call itself (AWS calls, their wait for moto)."""
+        return sum(seconds for seconds, _ in self.chain_runs) / max(1, self.requests_run)
 
 
 def _ceil_units(size: int, step: int) -> int:
@@ -247,14 +258,14 @@ class AwsCalls:
     def _wrap_handle_record(self, function: Any) -> Any:
         timings_of = self
 
-        def handle_record(worker_self: Any, record: dict) -> Any:
+        def handle_record(worker_self: Any, record: dict, deadline: float | None = None) -> Any:
             started = time.perf_counter()
             sent = float(record.get("attributes", {}).get("SentTimestamp", 0)) / 1000
-            _local.upstream_seconds = 0.0
+            _local.upstream_seconds, _local.upstream_calls = 0.0, 0
             outcome = None
             with labelled("worker"):
                 try:
-                    outcome = function(worker_self, record)
+                    outcome = function(worker_self, record, deadline)
                     return outcome
                 finally:
                     seconds = time.perf_counter() - started
@@ -263,7 +274,7 @@ class AwsCalls:
                         t = timings_of.timings
                         t.handle.append(seconds)
                         if up:
-                            t.handle_with_upstream.append(seconds - up)
+                            t.chain_runs.append((seconds - up, _local.upstream_calls))
                         if sent:
                             t.queue_wait.append(max(0.0, time.time() - seconds - sent))
                         t.outcomes[type(outcome).__name__ if outcome is not None else "raised"] += 1
@@ -278,6 +289,7 @@ class AwsCalls:
             finally:
                 seconds = time.perf_counter() - started
                 _local.upstream_seconds = getattr(_local, "upstream_seconds", 0.0) + seconds
+                _local.upstream_calls = getattr(_local, "upstream_calls", 0) + 1
                 with self.lock:
                     self.timings.upstream.append(seconds)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -175,10 +174,11 @@ def main() -> None:
     # ---- the cost model
     worker_gb = function_memory_gb("GlmFlashWorkerFunction")
     api_gb = function_memory_gb("ApiFunction")
-    overhead = statistics.mean(timings.handle_with_upstream) if timings.handle_with_upstream else 0.0
-    ran = len(timings.handle_with_upstream)
-    parked_seconds = sum(timings.handle) - sum(timings.handle_with_upstream) - sum(timings.upstream)
-    not_run = len(timings.handle) - ran
+    overhead = timings.overhead_per_request
+    ran = timings.requests_run
+    deliveries_run = len(timings.chain_runs)  # a delivery runs a stretch of its chain: often several requests
+    parked_seconds = sum(timings.handle) - sum(o for o, _ in timings.chain_runs) - sum(timings.upstream)
+    not_run = len(timings.handle) - deliveries_run
     api_seconds = sum(timings.api.get("POST /v1/batches", [])) + sum(
         timings.api.get("GET /v1/batches/{batch_id}/results", []))
     api_invocations = len(timings.api.get("POST /v1/batches", [])) + len(
@@ -187,9 +187,9 @@ def main() -> None:
                                                                for b in page_bytes)
 
     def lambda_worker(n: float, overhead: float) -> tuple[float, float]:
-        """(GB-s, invocations) per success: runs share invocations n at a time; other records one each."""
+        """(GB-s, invocations) per success: chains share invocations n at a time; other records one each."""
         gb_s = worker_gb * ((args.model_latency + overhead) * ran / n + parked_seconds) / succeeded
-        return gb_s, (ran / n + not_run) / succeeded
+        return gb_s, (deliveries_run / n + not_run) / succeeded
 
     def cost_lines(n: float, overhead: float = overhead) -> list[tuple[str, float, str]]:
         gb_s, invocations_per = lambda_worker(n, overhead)
