@@ -241,6 +241,54 @@ def test_claim_waits_while_the_account_slots_are_used_by_interactive_requests(ha
     assert set(Leases(harness.settings).holders(account_slots_key(ACCOUNT))) == set(interactive) - {"interactive-0"}
 
 
+def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstream, worker, monkeypatch):
+    sim, _ = upstream
+    # Given the model's slots all held as the worker reads its gates, and given back just after
+    # (their requests finished, or the item was being created by another worker)
+    capacity = load_catalog().models[MODEL].batch_concurrency
+    holders = {f"finishing-{n}": now(harness) + 3600 for n in range(capacity)}
+    fill_slots(harness, model_slots_key(MODEL), holders)
+    batch = harness.create([sample_request("q-0", "A slot just freed")])
+    read_gates = worker._read_gates
+
+    def read_then_release(*args, **kwargs):
+        gates = read_gates(*args, **kwargs)
+        for holder in holders:
+            Leases(harness.settings).release(model_slots_key(MODEL), holder)
+        return gates
+
+    monkeypatch.setattr(worker, "_read_gates", read_then_release)
+    # Then the worker sees the freed slots on its second look and runs the request, not waits
+    assert isinstance(worker.process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
+    assert attempts(sim, batch["id"], 0) == 1
+
+
+def test_a_slot_freed_while_a_chain_registers_to_wait_sends_it_back_at_once(harness, upstream, worker, monkeypatch):
+    sim, _ = upstream
+    capacity = load_catalog().models[MODEL].batch_concurrency
+    holders = {f"running-{n}": now(harness) + 3600 for n in range(capacity)}
+    fill_slots(harness, model_slots_key(MODEL), holders)
+    batch = harness.create([sample_request("q-0", "Freed while registering")])
+    record = received_record(harness, batch["id"], 0)
+    add_waiter = worker.leases.add_waiter
+
+    def release_then_register(*args, **kwargs):
+        # The releasing worker looks for waiters before this one is on the list: it wakes no one
+        Leases(harness.settings).release(model_slots_key(MODEL), "running-0")
+        return add_waiter(*args, **kwargs)
+
+    monkeypatch.setattr(worker.leases, "add_waiter", release_then_register)
+    # When the chain finds the slots full and registers as a waiter
+    outcome = worker.handle_record(record)
+    # Then it looks again and comes back at once instead of sleeping through its park
+    assert isinstance(outcome, Parked) and outcome.seconds == 0
+    assert received_record_now(harness, batch["id"], 0)
+    assert attempts(sim, batch["id"], 0) == 0
+    final = harness.run_to_final(batch["id"])
+    assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert attempts(sim, batch["id"], 0) == 1
+
+
 def test_no_claim_while_interactive_load_fills_the_model(harness, upstream, worker):
     sim, _ = upstream
     # Given a model whose interactive load leaves no room for batch requests

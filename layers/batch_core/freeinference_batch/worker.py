@@ -252,15 +252,16 @@ class Worker:
             return self._settle_without_run(message, meta, {"code": "model_not_found", "status": 404,
                                                              "message": f"Model {message.model!r} not found"})
         if verdict.capacity <= 0:
-            return self._wait_for_slot(message, meta, record, now, None, None)
+            return self._wait_for_slot(message, meta, record, now, None, None, 0)
 
         slots = [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
                  (account_slots_key(meta["account_id"]), gates.account_slots, owner.concurrency_limit)]
         for slots_key, item, capacity in slots:
-            # Full as read (or never used): drop expired leases (a dead worker's), else wait.
+            # Full as read (or never used): drop expired leases (a dead worker's), else wait. The
+            # count comes from reap's own read: the item may have been created or freed meanwhile.
             full = item is None or "leases" not in item or len(item["leases"]) >= capacity
-            if full and not self.leases.reap(slots_key, now):
-                return self._wait_for_slot(message, meta, record, now, slots_key, item)
+            if full and self.leases.reap(slots_key, now) >= capacity:
+                return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
         token = new_token(message.batch_id)
         lease_until = now + self.settings.lease_seconds
@@ -288,7 +289,8 @@ class Worker:
                 return Parked(0)  # the batch changed (cancelled, expired...): look again
             # Someone took the slot since the read.
             full = 2 if failure.failed(2) else 3
-            return self._wait_for_slot(message, meta, record, now, slots[full - 2][0], None)
+            slots_key, _, capacity = slots[full - 2]
+            return self._wait_for_slot(message, meta, record, now, slots_key, None, capacity)
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
         _metric("QueueWait", max(0.0, now - sent), "Seconds")
         return Claimed(message, meta, token, has_record=True)
@@ -326,7 +328,7 @@ class Worker:
     # ---- waiting ------------------------------------------------------------------------
 
     def _wait_for_slot(self, message: RequestMessage, meta: dict, record: dict, now: float,
-                       slots_key: dict | None, item: dict | None) -> Parked:
+                       slots_key: dict | None, item: dict | None, capacity: int) -> Parked:
         """No slot: register as a waiter on the full slots item (to be woken when one frees) and park."""
         _metric("RequestsParked")
         sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
@@ -343,6 +345,11 @@ class Worker:
                         remaining=_remaining(meta), handle=handle, until=now + seconds + 5)
         if not self.leases.add_waiter(slots_key, item, waiter, now):
             return Parked(random.uniform(*SLOT_WAIT_SECONDS))
+        # A slot freed between our read and the registration was released by a worker that saw no
+        # waiter to wake: look once more, or this chain would sleep its whole park with a slot free.
+        after = self._read_slots([slots_key])[0]
+        if len((after or {}).get("leases", {})) < capacity:
+            return Parked(0)
         return Parked(seconds)
 
     def _park_long(self, message: RequestMessage, meta: dict, seconds: float) -> Parked:

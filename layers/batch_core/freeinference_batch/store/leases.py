@@ -120,7 +120,8 @@ class Leases:
         aws.dynamodb().update_item(**self.release_element(slots_key, holder)["Update"])
 
     def reap(self, slots_key: dict, now: float) -> int:
-        """Make sure the slots item exists and drop expired leases; returns how many were freed."""
+        """Make sure the slots item exists and drop expired leases; returns how many are still held
+        (as read now: the item may have changed since the caller read it)."""
         answer = aws.dynamodb().get_item(TableName=self.table, Key=slots_key, ConsistentRead=True)
         item = from_item(answer.get("Item"))
         if item is None or "leases" not in item:
@@ -132,10 +133,11 @@ class Leases:
             except ClientError as error:
                 if not is_conditional_failure(error):
                     raise
-            return 1
-        freed = 0
+            return 0
+        held = 0
         for holder, until in item["leases"].items():
             if until > now:
+                held += 1
                 continue
             try:
                 aws.dynamodb().update_item(
@@ -143,11 +145,11 @@ class Leases:
                     ConditionExpression="leases.#holder = :until",
                     ExpressionAttributeNames={"#holder": holder}, ExpressionAttributeValues=values(until=until),
                 )
-                freed += 1
             except ClientError as error:
                 if not is_conditional_failure(error):
                     raise
-        return freed
+                held += 1  # renewed (or handed over) since the read: still held
+        return held
 
     def add_waiter(self, slots_key: dict, item: dict | None, waiter: Waiter, now: float) -> bool:
         """Register a waiting chain (replacing its older entry, dropping expired ones); False
