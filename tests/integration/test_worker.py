@@ -82,6 +82,14 @@ def fill_slots(harness, slots_key: dict, holders: dict[str, float]) -> None:
         )
 
 
+def hold_all_model_slots(harness, prefix: str, seconds: float = 3600) -> dict[str, float]:
+    """Every one of the model's batch slots held by others for `seconds`: the holders."""
+    capacity = load_catalog().models[MODEL].batch_concurrency
+    holders = {f"{prefix}-{n}": now(harness) + seconds for n in range(capacity)}
+    fill_slots(harness, model_slots_key(MODEL), holders)
+    return holders
+
+
 @pytest.fixture
 def worker(harness) -> Worker:
     return Worker(harness.settings)
@@ -195,9 +203,7 @@ def test_claim_is_refused_while_model_slots_are_full_and_succeeds_after_expired_
 ):
     sim, _ = upstream
     # Given the model's 4 batch slots held by workers that died, their leases running 30 s more
-    capacity = load_catalog().models[MODEL].batch_concurrency
-    dead = {f"dead-worker-{n}": now(harness) + 30 for n in range(capacity)}
-    fill_slots(harness, model_slots_key(MODEL), dead)
+    dead = hold_all_model_slots(harness, "dead-worker", seconds=30)
     batch = harness.create([sample_request("q-0", "Waiting for a slot")])
     message = message_for(harness, batch["id"], 0)
     # When its message is delivered
@@ -245,9 +251,7 @@ def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstre
     sim, _ = upstream
     # Given the model's slots all held as the worker reads its gates, and given back just after
     # (their requests finished, or the item was being created by another worker)
-    capacity = load_catalog().models[MODEL].batch_concurrency
-    holders = {f"finishing-{n}": now(harness) + 3600 for n in range(capacity)}
-    fill_slots(harness, model_slots_key(MODEL), holders)
+    holders = hold_all_model_slots(harness, "finishing")
     batch = harness.create([sample_request("q-0", "A slot just freed")])
     read_gates = worker._read_gates
 
@@ -265,9 +269,7 @@ def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstre
 
 def test_a_slot_freed_while_a_chain_registers_to_wait_sends_it_back_at_once(harness, upstream, worker, monkeypatch):
     sim, _ = upstream
-    capacity = load_catalog().models[MODEL].batch_concurrency
-    holders = {f"running-{n}": now(harness) + 3600 for n in range(capacity)}
-    fill_slots(harness, model_slots_key(MODEL), holders)
+    hold_all_model_slots(harness, "running")
     batch = harness.create([sample_request("q-0", "Freed while registering")])
     record = received_record(harness, batch["id"], 0)
     add_waiter = worker.leases.add_waiter
