@@ -412,17 +412,17 @@ def test_a_chain_stops_handing_over_when_interactive_load_takes_the_model(harnes
 
 
 @pytest.mark.parametrize("other_holders_are", ["the big batch's other chains", "another batch"])
-def test_a_batch_holding_several_slots_yields_one_to_a_waiting_batch(harness, upstream, worker, monkeypatch,
+def test_a_big_batch_yields_its_slot_to_a_small_waiting_batch(harness, upstream, worker, monkeypatch,
                                                                      other_holders_are):
     sim, _ = upstream
     # Given a big batch and a small one on the same model, the small one's first message delivered
     big = harness.create([sample_request(f"big-{n}", f"Big {n}") for n in range(8)])
     small = harness.create([sample_request(f"small-{n}", f"Small {n}") for n in range(2)])
     small_record = received_record(harness, small["id"], 0)
-    # and the model's other 3 slots held (for an hour) by the big batch's other chains, or by a
-    # third batch
+    # and the model's other 3 slots held (for an hour) by the big batch's chains 0-2, or by a
+    # third batch's
     owner = big["id"] if other_holders_are == "the big batch's other chains" else "batch_other"
-    holders = {f"{owner}.{n}": now(harness) + 3600 for n in range(3)}
+    holders = {f"{owner}.{lane}.held": now(harness) + 3600 for lane in range(3)}
     fill_slots(harness, model_slots_key(MODEL), holders)
     real_call = upstream_client.call
     small_outcomes: list = []
@@ -433,21 +433,17 @@ def test_a_batch_holding_several_slots_yields_one_to_a_waiting_batch(harness, up
         return real_call(*args, **kwargs)
 
     monkeypatch.setattr(upstream_client, "call", call_while_the_small_batch_arrives)
-    # When the big batch's chain finishes its request with time left to run on
-    outcome = worker.process(message_for(harness, big["id"], 0), NO_RECORD, deadline=time.monotonic() + TIME_LEFT)
+    # When the big batch's chain 3 finishes its request with time left to run on
+    outcome = worker.process(message_for(harness, big["id"], 3), NO_RECORD, deadline=time.monotonic() + TIME_LEFT)
     monkeypatch.setattr(upstream_client, "call", real_call)
     assert isinstance(outcome, Done) and isinstance(small_outcomes[0], Parked)
-    assert attempts(sim, big["id"], 0) == 1 and attempts(sim, small["id"], 0) == 0
+    assert attempts(sim, big["id"], 3) == 1 and attempts(sim, small["id"], 0) == 0
     slots = Leases(harness.settings).holders(model_slots_key(MODEL))
     woken = received_record_now(harness, small["id"], 0)
-    if owner == big["id"]:
-        # Then, holding 4 slots, it yields one: its next request waits for a message of its own
-        assert attempts(sim, big["id"], 4) == 0
-    else:
-        # Then, holding only this one, it keeps it and runs the rest of its chain first
-        assert attempts(sim, big["id"], 4) == 1
-    # And either way the freed slot is left for the small batch, whose parked message is made
-    # visible at once
+    # Then it yields its slot to the small batch (a batch with few requests left goes first, even
+    # when this is the big batch's last slot): its next request waits for a message of its own,
+    # and the small batch's parked message is made visible at once
+    assert attempts(sim, big["id"], 7) == 0
     assert set(slots) == set(holders)
     assert woken
     # And when the other holders finish, everything ends counted once

@@ -46,7 +46,8 @@ from freeinference_batch.store.leases import (
     Leases,
     Waiter,
     account_slots_key,
-    held_by,
+    fair_shares,
+    keeps_slot,
     live_waiters,
     model_slots_key,
     new_token,
@@ -263,7 +264,7 @@ class Worker:
             if full and self.leases.reap(slots_key, now) >= capacity:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
-        token = new_token(message.batch_id)
+        token = new_token(message.batch_id, message.index % meta["lane_widths"][message.model])
         lease_until = now + self.settings.lease_seconds
         waiter_id = _waiter_id(message, meta)
         claim = [
@@ -462,11 +463,11 @@ class Worker:
             leases = (item or {}).get("leases", {})
             if token not in leases or len(leases) > capacity:
                 return 0  # the capacity shrank (or our lease was reaped): release and queue up again
-        if self._should_yield(message.batch_id, _remaining(fresh_meta) - 1, [item for _, item, _ in slots], now):
+        if self._should_yield(token, _remaining(fresh_meta) - 1, slots, now):
             _metric("SlotsYielded")
             return YIELD_DELAY_SECONDS
 
-        next_token = new_token(message.batch_id)
+        next_token = new_token(message.batch_id, following.index % meta["lane_widths"][message.model])
         lease_until = now + self.settings.lease_seconds
         counter = "completed" if settle["status"] == "completed" else "failed"
         elements = [
@@ -495,16 +496,17 @@ class Worker:
         _metric("RequestsHandedOver")
         return Claimed(following, fresh_meta, next_token, has_record=False)
 
-    def _should_yield(self, batch_id: str, remaining: int, items: list[dict | None], now: float) -> bool:
-        """Batches take turns: a chain gives its slot up (it keeps its batch's last one) to a waiting
-        batch that holds none of these slots, or that has fewer requests left."""
-        for item in items:
-            if held_by(item, batch_id) <= 1:
+    def _should_yield(self, token: str, remaining: int, slots: list[tuple[dict, dict | None, int]],
+                      now: float) -> bool:
+        """Batches take turns: give this slot up when another batch waits for it and this batch
+        holds more than its fair share (see store/leases.py `fair_shares`)."""
+        batch_id = token.split(".", 1)[0]
+        for _, item, capacity in slots:
+            if not any(w.batch_id != batch_id for w in live_waiters(item, now)):
                 continue
-            for waiter in live_waiters(item, now):
-                if waiter.batch_id != batch_id and (held_by(item, waiter.batch_id) == 0
-                                                    or waiter.remaining < remaining):
-                    return True
+            share = fair_shares(item, capacity, batch_id, remaining, now).get(batch_id, 0)
+            if not keeps_slot(item, token, share):
+                return True
         return False
 
     def _settle_without_run(self, message: RequestMessage, meta: dict, error: dict) -> Done:

@@ -5,18 +5,26 @@ concurrent-request slots, shared with its interactive traffic).
 A slot is an entry `holder -> expiry` in the item's `leases` map; taking one is a conditional
 write on the map's size, so it can sit inside the claim transaction. A worker that dies leaves
 an entry that simply expires: whoever next finds the slots full reaps expired entries. A batch
-request's holder is its claim token, `<batch id>.<random>`, so the map also tells how many
-slots each batch holds.
+request's holder is its claim token, `<batch id>.<lane>.<random>`, so the map also tells how
+many slots each batch holds, and which of its lanes hold them.
 
 Beside the leases, the item keeps `waiters`: chains that found the slots full, each with the
 receipt handle of its parked message. Whoever frees a slot without taking it again makes the
 best waiter's message visible at once (see `Waiter.rank`), so a freed slot never sits idle
 for the length of a park, and a settling chain can hand its slot to a smaller batch.
+
+How many slots each batch should hold while others wait is `fair_shares`: small batches
+first, then every batch keeps one, a waiting batch holding none gets one, and the rest go to
+the batches with the fewest requests left. All the chains of a batch read the same item and
+so agree on which of them give a slot up (`keeps_slot`: the lowest lanes keep), instead of
+each yielding on its own.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
@@ -40,11 +48,23 @@ def model_load_key(model: str) -> dict:
 
 # Bounds the slots item (every gate read carries it): beyond this, waiters just park longer.
 MAX_WAITERS = 32
+# A batch with at most this many requests left takes every slot it can use ahead of bigger ones,
+# even their last: it is over in a few request times, so the bigger ones lose only that.
+SMALL_BATCH_REQUESTS = 100
 
 
-def new_token(batch_id: str) -> str:
+def new_token(batch_id: str, lane: int) -> str:
     """A claim token, which is also the holder of the claim's slots."""
-    return f"{batch_id}.{uuid.uuid4().hex}"
+    return f"{batch_id}.{lane}.{uuid.uuid4().hex}"
+
+
+def _holder_batch(holder: str) -> str:
+    return holder.split(".", 1)[0]
+
+
+def _holder_lane(holder: str) -> float:
+    lane = holder.split(".")[1] if holder.count(".") >= 2 else ""
+    return int(lane) if lane.isdigit() else math.inf  # not a batch chain's token: ranks last
 
 
 def held_by(item: dict | None, batch_id: str) -> int:
@@ -77,6 +97,50 @@ def live_waiters(item: dict | None, now: float) -> list[Waiter]:
         for name, e in (item or {}).get("waiters", {}).items() if float(e["u"]) > now
     ]
     return sorted(waiters, key=lambda w: w.rank(item))
+
+
+def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int, now: float) -> dict[str, int]:
+    """How many slots the given batch and each waiting batch should hold, from what the item shows.
+
+    Batches that hold slots and have no waiter are left out (their own chains decide for them),
+    and their slots with them. Of the rest, small batches (at most SMALL_BATCH_REQUESTS left) come
+    first, fewest left first, as many slots as they have chains: they are over in a few request
+    times. Then every other batch holding a slot keeps one (it always makes progress), each
+    waiting batch holding none gets one, and the slots left go to the fewest requests left, up to
+    as many chains as each has running or waiting."""
+    holders = Counter(_holder_batch(h) for h in (item or {}).get("leases", {}))
+    waiters = live_waiters(item, now)
+    waiting = Counter(w.batch_id for w in waiters)
+    left = {w.batch_id: w.remaining for w in waiters}
+    left[batch_id] = remaining
+    wants = {b: holders[b] + waiting[b] for b in left}
+    free = capacity - sum(n for b, n in holders.items() if b not in left)
+    order = sorted(left, key=lambda b: (left[b], b))
+    shares = dict.fromkeys(order, 0)
+
+    def give(batch: str, up_to: int) -> None:
+        nonlocal free
+        more = min(free, up_to - shares[batch])
+        if more > 0:
+            shares[batch], free = shares[batch] + more, free - more
+
+    for batch in order:
+        if left[batch] <= SMALL_BATCH_REQUESTS:
+            give(batch, wants[batch])
+    for holding in (True, False):
+        for batch in order:
+            if (holders[batch] > 0) == holding:
+                give(batch, min(1, wants[batch]))
+    for batch in order:
+        give(batch, wants[batch])
+    return shares
+
+
+def keeps_slot(item: dict | None, token: str, share: int) -> bool:
+    """Whether this holder is among the `share` of its batch's holders that keep their slots."""
+    batch = _holder_batch(token)
+    mine = sorted((_holder_lane(h), h) for h in (item or {}).get("leases", {}) if _holder_batch(h) == batch)
+    return (_holder_lane(token), token) in mine[:share]
 
 
 class Leases:

@@ -1,0 +1,56 @@
+"""How the model's slots are shared while batches wait, and which chains of a batch give theirs up."""
+
+from __future__ import annotations
+
+from freeinference_batch.store.leases import fair_shares, keeps_slot
+
+NOW = 1_000.0
+
+
+def slots_item(leases: list[str], waiters: list[tuple[str, int]]) -> dict:
+    """A slots item: the holders' tokens, and (batch id, requests left) per waiting chain."""
+    return {
+        "leases": {holder: NOW + 60 for holder in leases},
+        "waiters": {f"{batch}#{n}": {"b": batch, "m": "m", "r": left, "h": "handle", "u": NOW + 10}
+                    for n, (batch, left) in enumerate(waiters)},
+    }
+
+
+def tokens(batch: str, lanes: range) -> list[str]:
+    return [f"{batch}.{lane}.t{lane}" for lane in lanes]
+
+
+def test_a_small_batch_waiting_takes_every_slot_it_can_use_from_a_big_one():
+    item = slots_item(tokens("big", range(4)), [("small", 20)] * 4)
+    assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 4, "big": 0}
+    # All four of the big batch's chains read the same item and all give their slots up
+    assert not any(keeps_slot(item, token, 0) for token in tokens("big", range(4)))
+
+
+def test_a_small_batch_needing_fewer_slots_leaves_the_rest_to_the_big_one():
+    item = slots_item(tokens("big", range(4)), [("small", 2)] * 2)
+    assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 2, "big": 2}
+    # The big batch's lowest lanes keep theirs
+    assert [keeps_slot(item, token, 2) for token in tokens("big", range(4))] == [True, True, False, False]
+
+
+def test_between_big_batches_every_holder_keeps_one_and_a_waiting_one_holding_none_gets_one():
+    item = slots_item(tokens("big", range(4)), [("bigger", 5000)] * 4)
+    assert fair_shares(item, 4, "big", 1900, NOW) == {"big": 3, "bigger": 1}
+    assert [keeps_slot(item, token, 3) for token in tokens("big", range(4))] == [True, True, True, False]
+    # and the bigger one, once it holds its one, gives nothing back to a bigger still
+    item = slots_item([*tokens("big", range(3)), *tokens("bigger", range(1))], [("big", 1800)])
+    assert fair_shares(item, 4, "bigger", 5000, NOW) == {"big": 3, "bigger": 1}
+
+
+def test_slots_of_batches_without_waiters_stay_with_them():
+    item = slots_item([*tokens("other", range(3)), *tokens("big", range(1))], [("small", 2)])
+    assert fair_shares(item, 4, "big", 700, NOW) == {"small": 1, "big": 0}
+    item = slots_item([*tokens("other", range(3)), *tokens("big", range(1))], [("bigger", 2000)])
+    assert fair_shares(item, 4, "big", 700, NOW) == {"big": 1, "bigger": 0}
+
+
+def test_expired_waiters_do_not_count():
+    item = slots_item(tokens("big", range(4)), [("small", 20)])
+    item["waiters"]["small#0"]["u"] = NOW - 1
+    assert fair_shares(item, 4, "big", 1900, NOW) == {"big": 4}
