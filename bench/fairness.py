@@ -98,8 +98,8 @@ def diagnose(args: argparse.Namespace, directive: str) -> None:
     print(f"worker deliveries in all: {len(steps)}, parked {sum(1 for s in steps if s[3] is not None)}. A chain "
           f"runs on in its invocation, handing its slots to its next request; one that finds the slots full "
           f"registers as a waiter and parks {worker.WOKEN_WAIT_SECONDS[0]:g}-{worker.WOKEN_WAIT_SECONDS[1]:g} s, "
-          f"but is made visible as soon as a slot frees, and a batch holding several slots yields one to a "
-          f"waiting batch that holds none (worker.py _should_yield).")
+          f"but is made visible as soon as a slot frees; a batch above its share gives slots up to waiting "
+          f"batches (store/leases.py fair_shares: small batches first).")
 
 
 def main() -> None:

@@ -127,8 +127,13 @@ def _remaining(meta: dict) -> int:
     return int(meta["total"]) - int(meta.get("completed", 0)) - int(meta.get("failed", 0))
 
 
+def _chain(message: RequestMessage, meta: dict) -> int:
+    """Which of its lane's chains the message's request belongs to."""
+    return message.index % meta["lane_widths"][message.model]
+
+
 def _waiter_id(message: RequestMessage, meta: dict) -> str:
-    return f"{message.batch_id}#{message.index % meta['lane_widths'][message.model]}"
+    return f"{message.batch_id}#{_chain(message, meta)}"
 
 
 class Worker:
@@ -264,7 +269,7 @@ class Worker:
             if full and self.leases.reap(slots_key, now) >= capacity:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
-        token = new_token(message.batch_id, message.index % meta["lane_widths"][message.model])
+        token = new_token(message.batch_id, _chain(message, meta))
         lease_until = now + self.settings.lease_seconds
         waiter_id = _waiter_id(message, meta)
         claim = [
@@ -359,8 +364,7 @@ class Worker:
         return Parked(seconds)
 
     def _renew_dispatch_lease(self, message: RequestMessage, meta: dict, until: float) -> None:
-        width = meta["lane_widths"][message.model]
-        self.table.set_lane_lease(message.batch_id, message.model, message.index % width, message.index, until)
+        self.table.set_lane_lease(message.batch_id, message.model, _chain(message, meta), message.index, until)
         self.table.update_request(message.batch_id, message.position, "SET lease_until = :until",
                                   "#status = :queued", names={"#status": "status"}, until=until, queued="queued")
 
@@ -463,11 +467,11 @@ class Worker:
             leases = (item or {}).get("leases", {})
             if token not in leases or len(leases) > capacity:
                 return 0  # the capacity shrank (or our lease was reaped): release and queue up again
-        if self._should_yield(token, _remaining(fresh_meta) - 1, slots, now):
+        if self._should_yield(message.batch_id, token, _remaining(fresh_meta) - 1, slots, now):
             _metric("SlotsYielded")
             return YIELD_DELAY_SECONDS
 
-        next_token = new_token(message.batch_id, following.index % meta["lane_widths"][message.model])
+        next_token = new_token(message.batch_id, _chain(following, meta))
         lease_until = now + self.settings.lease_seconds
         counter = "completed" if settle["status"] == "completed" else "failed"
         elements = [
@@ -496,11 +500,10 @@ class Worker:
         _metric("RequestsHandedOver")
         return Claimed(following, fresh_meta, next_token, has_record=False)
 
-    def _should_yield(self, token: str, remaining: int, slots: list[tuple[dict, dict | None, int]],
-                      now: float) -> bool:
+    def _should_yield(self, batch_id: str, token: str, remaining: int,
+                      slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
         """Batches take turns: give this slot up when another batch waits for it and this batch
         holds more than its fair share (see store/leases.py `fair_shares`)."""
-        batch_id = token.split(".", 1)[0]
         for _, item, capacity in slots:
             if not any(w.batch_id != batch_id for w in live_waiters(item, now)):
                 continue
@@ -591,9 +594,9 @@ class Worker:
         return True
 
     def _lane_advance(self, message: RequestMessage, meta: dict, now: float) -> dict:
-        width = meta["lane_widths"][message.model]
-        return self.table.lane_update_element(message.batch_id, message.model, message.index % width,
-                                              message.index + width, now + self.settings.batch_dispatch_lease_seconds)
+        return self.table.lane_update_element(message.batch_id, message.model, _chain(message, meta),
+                                              message.index + meta["lane_widths"][message.model],
+                                              now + self.settings.batch_dispatch_lease_seconds)
 
     def _continue_chain(self, message: RequestMessage, following: RequestMessage | None, now: float,
                         delay_seconds: int = 0) -> None:
