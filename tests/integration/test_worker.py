@@ -18,7 +18,7 @@ from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import values
-from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker
 
 from tests.integration.conftest import sample_request
@@ -247,7 +247,8 @@ def test_claim_waits_while_the_account_slots_are_used_by_interactive_requests(ha
     assert set(Leases(harness.settings).holders(account_slots_key(ACCOUNT))) == set(interactive) - {"interactive-0"}
 
 
-def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstream, worker, monkeypatch):
+@pytest.mark.parametrize("delivered", ["directly", "as an SQS record"])
+def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstream, worker, monkeypatch, delivered):
     sim, _ = upstream
     # Given the model's slots all held as the worker reads its gates, and given back just after
     # (their requests finished, or the item was being created by another worker)
@@ -262,8 +263,16 @@ def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstre
         return gates
 
     monkeypatch.setattr(worker, "_read_gates", read_then_release)
-    # Then the worker sees the freed slots on its second look and runs the request, not waits
-    assert isinstance(worker.process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
+    if delivered == "directly":
+        # Then the worker sees the freed slots on its second look and runs the request, not waits
+        assert isinstance(worker.process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
+    else:
+        # Then registering to wait shows the freed slots: the message comes back at once
+        outcome = worker.handle_record(received_record(harness, batch["id"], 0))
+        assert isinstance(outcome, Parked) and outcome.seconds == 0
+        assert received_record_now(harness, batch["id"], 0)
+        monkeypatch.setattr(worker, "_read_gates", read_gates)
+        assert harness.run_to_final(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     assert attempts(sim, batch["id"], 0) == 1
 
 
@@ -463,3 +472,41 @@ def received_record_now(harness, batch_id: str, position: int, model: str = MODE
         if (body.batch_id, body.position) == (batch_id, position):
             return True
     return False
+
+
+def register_waiter(harness, slots_key: dict, record: dict, remaining: int = 1) -> Waiter:
+    """The record's chain registered as waiting on the slots item (as a parked delivery does)."""
+    message = RequestMessage.model_validate_json(record["body"])
+    waiter = Waiter(id=f"{message.batch_id}#0", batch_id=message.batch_id, model=message.model,
+                    remaining=remaining, handle=record["receiptHandle"], until=now(harness) + 60)
+    leases = Leases(harness.settings)
+    assert leases.add_waiter(slots_key, slots_item(harness, slots_key), waiter, now(harness)) is not None
+    return waiter
+
+
+def slots_item(harness, slots_key: dict) -> dict | None:
+    return Worker(harness.settings)._read_slots([slots_key])[0]
+
+
+def test_a_yielding_chain_wakes_from_what_it_read_and_looks_again_where_that_is_stale(harness, upstream, worker):
+    # Given a yielding chain's read of the slots: one batch waiting on the model's slots, none on
+    # the account's
+    fill_slots(harness, model_slots_key(MODEL), {})
+    fill_slots(harness, account_slots_key(ACCOUNT), {})
+    batches = [harness.create([sample_request("q-0", f"Waiting {n}")]) for n in range(3)]
+    first, second, third = (received_record(harness, batch["id"], 0) for batch in batches)
+    taken = register_waiter(harness, model_slots_key(MODEL), first)
+    read = [slots_item(harness, model_slots_key(MODEL)), slots_item(harness, account_slots_key(ACCOUNT))]
+    # and, since that read, the model's waiter woken by another worker, a second batch waiting
+    # on the model and a third on the account
+    assert Leases(harness.settings).take_waiter(model_slots_key(MODEL), taken)
+    register_waiter(harness, model_slots_key(MODEL), second)
+    register_waiter(harness, account_slots_key(ACCOUNT), third)
+    # When the chain, having released its slots, wakes waiters from what it read
+    worker._wake_waiters(message_for(harness, batches[0]["id"], 0), ACCOUNT, now(harness), known=read)
+    # Then the waiters it could not know of are woken from a fresh read, and none is left listed
+    assert received_record_now(harness, batches[1]["id"], 0)
+    assert received_record_now(harness, batches[2]["id"], 0)
+    assert not received_record_now(harness, batches[0]["id"], 0)  # taken by the other worker, not made visible here
+    for slots_key in (model_slots_key(MODEL), account_slots_key(ACCOUNT)):
+        assert not (slots_item(harness, slots_key) or {}).get("waiters")

@@ -97,6 +97,15 @@ class Claimed:
 
 
 @dataclass
+class Leave:
+    """A chain leaves the invocation: its next request goes by a message sent `delay_seconds` late.
+    `yielded_from` holds the slots items as read when the chain gave its slots to a waiting batch."""
+
+    delay_seconds: int = 0
+    yielded_from: list[dict | None] | None = None
+
+
+@dataclass
 class Gates:
     """What the gate read found for one request."""
 
@@ -263,10 +272,14 @@ class Worker:
         slots = [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
                  (account_slots_key(meta["account_id"]), gates.account_slots, owner.concurrency_limit)]
         for slots_key, item, capacity in slots:
-            # Full as read (or never used): drop expired leases (a dead worker's), else wait. The
-            # count comes from reap's own read: the item may have been created or freed meanwhile.
-            full = item is None or "leases" not in item or len(item["leases"]) >= capacity
-            if full and self.leases.reap(slots_key, now) >= capacity:
+            leases = (item or {}).get("leases")
+            if leases is not None and len(leases) < capacity:
+                continue
+            # Full as read. Held by live leases, it is waited for: registering as a waiter answers
+            # the item as it is then, so a slot freed since the read is seen there. Otherwise (never
+            # used, or a dead worker's lease expired in it) reap first, counting from reap's own read.
+            live = leases is not None and min(leases.values(), default=now + 1) > now
+            if (live and record.get("receiptHandle")) or self.leases.reap(slots_key, now) >= capacity:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
         token = new_token(message.batch_id, _chain(message, meta))
@@ -349,12 +362,12 @@ class Worker:
             item = self._read_slots([slots_key])[0]
         waiter = Waiter(id=_waiter_id(message, meta), batch_id=message.batch_id, model=message.model,
                         remaining=_remaining(meta), handle=handle, until=now + seconds + 5)
-        if not self.leases.add_waiter(slots_key, item, waiter, now):
+        registered = self.leases.add_waiter(slots_key, item, waiter, now)
+        if registered is None:
             return Parked(random.uniform(*SLOT_WAIT_SECONDS))
         # A slot freed between our read and the registration was released by a worker that saw no
         # waiter to wake: look once more, or this chain would sleep its whole park with a slot free.
-        after = self._read_slots([slots_key])[0]
-        if len((after or {}).get("leases", {})) < capacity:
+        if len(registered.get("leases", {})) < capacity:
             return Parked(0)
         return Parked(seconds)
 
@@ -373,14 +386,28 @@ class Worker:
         by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
         return [by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in keys]
 
-    def _wake_waiters(self, message: RequestMessage, account_id: str, now: float) -> None:
-        """A slot was freed and not taken again: make the best waiting chain's message visible."""
+    def _wake_waiters(self, message: RequestMessage, account_id: str, now: float,
+                      known: list[dict | None] | None = None) -> None:
+        """Slots were freed and not taken again: make the best waiting chain's message visible.
+
+        `known` are the slots items as a yielding chain read them just before: the waiter it yields
+        to is woken from them without another read. Any item that shows no waiter left to wake is
+        then read afresh, since a chain may have registered between that read and the release."""
         keys = [model_slots_key(message.model), account_slots_key(account_id)]
-        for slots_key, item in zip(keys, self._read_slots(keys), strict=True):
-            for waiter in live_waiters(item, now):
-                if self.leases.take_waiter(slots_key, waiter):
-                    self._make_visible(waiter)
-                    break
+        items = known if known is not None else self._read_slots(keys)
+        unwoken = [slots_key for slots_key, item in zip(keys, items, strict=True)
+                   if not self._wake_best(slots_key, item, now)]
+        if known is not None and unwoken:
+            for slots_key, item in zip(unwoken, self._read_slots(unwoken), strict=True):
+                self._wake_best(slots_key, item, now)
+
+    def _wake_best(self, slots_key: dict, item: dict | None, now: float) -> bool:
+        """Wake the best of the item's live waiters; False if it shows none, or others took them all."""
+        for waiter in live_waiters(item, now):
+            if self.leases.take_waiter(slots_key, waiter):
+                self._make_visible(waiter)
+                return True
+        return False
 
     def _make_visible(self, waiter: Waiter) -> None:
         try:
@@ -426,18 +453,19 @@ class Worker:
             settle = {"status": "failed", "error": outcome.error}
 
         following = self._following(message, meta)
-        next_delay = 0
+        leave = Leave()
         if following is not None and deadline is not None and (
                 deadline - time.monotonic() > self.settings.batch_upstream_timeout_seconds + HANDOVER_MARGIN_SECONDS):
             handed = self._hand_over(claimed, following, now, settle)
-            if not isinstance(handed, int):
+            if not isinstance(handed, Leave):
                 return handed
-            next_delay = handed
+            leave = handed
         if not self._transact_settle(message, meta, token, now, **settle):
             return Done()
         self._maybe_crash("after settle")
-        self._continue_chain(message, following, now, next_delay)
-        self._wake_waiters(message, meta["account_id"], now)
+        # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
+        self._wake_waiters(message, meta["account_id"], now, leave.yielded_from)
+        self._continue_chain(message, following, now, leave.delay_seconds)
         return Done()
 
     def _following(self, message: RequestMessage, meta: dict) -> RequestMessage | None:
@@ -450,26 +478,26 @@ class Worker:
         return message.model_copy(update={"index": index, "position": positions[index]})
 
     def _hand_over(self, claimed: Claimed, following: RequestMessage, now: float,
-                   settle: dict[str, Any]) -> Claimed | Done | int:
+                   settle: dict[str, Any]) -> Claimed | Done | Leave:
         """Settle this request and claim the chain's next one with the same slots, in one
-        transaction. Answers the next claim, Done if this run lost its claim, or the delay (s) to
-        send the next request's message with when the chain must leave the invocation."""
+        transaction. Answers the next claim, Done if this run lost its claim, or Leave when the
+        chain must leave the invocation (and settle plainly)."""
         message, meta, token = claimed.message, claimed.meta, claimed.token
         cost = int(settle.get("cost_nano", 0))
         gates = self._read_gates(following, now)
         verdict = self._judge(following, gates, now, pending_cost=cost)
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
-            return 0  # the next request's own message will meet the gate and act on it
+            return Leave()  # the next request's own message will meet the gate and act on it
         fresh_meta = gates.meta
         slots = [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
                  (account_slots_key(meta["account_id"]), gates.account_slots, verdict.owner.concurrency_limit)]
         for _, item, capacity in slots:
             leases = (item or {}).get("leases", {})
             if token not in leases or len(leases) > capacity:
-                return 0  # the capacity shrank (or our lease was reaped): release and queue up again
+                return Leave()  # the capacity shrank (or our lease was reaped): release and queue up again
         if self._should_yield(message.batch_id, token, _remaining(fresh_meta) - 1, slots, now):
             _metric("SlotsYielded")
-            return YIELD_DELAY_SECONDS
+            return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
 
         next_token = new_token(message.batch_id, _chain(following, meta))
         lease_until = now + self.settings.lease_seconds
@@ -496,7 +524,7 @@ class Worker:
                 logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
                                                                   "position": message.position})
                 return Done()
-            return 0  # the batch stopped, a slot changed or the next request was claimed: settle plainly
+            return Leave()  # the batch stopped, a slot changed or the next request was claimed: settle plainly
         _metric("RequestsHandedOver")
         return Claimed(following, fresh_meta, next_token, has_record=False)
 

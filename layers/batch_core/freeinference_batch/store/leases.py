@@ -215,33 +215,34 @@ class Leases:
                 held += 1  # renewed (or handed over) since the read: still held
         return held
 
-    def add_waiter(self, slots_key: dict, item: dict | None, waiter: Waiter, now: float) -> bool:
-        """Register a waiting chain (replacing its older entry, dropping expired ones); False
-        when the list is full."""
+    def add_waiter(self, slots_key: dict, item: dict | None, waiter: Waiter, now: float) -> dict | None:
+        """Register a waiting chain (replacing its older entry, dropping expired ones). Answers the
+        item as the registration left it (so the caller sees a slot freed meanwhile without
+        another read), or None when the list is full."""
         present = (item or {}).get("waiters")
         if present is None:
             try:
-                aws.dynamodb().update_item(
+                answer = aws.dynamodb().update_item(
                     TableName=self.table, Key=slots_key, UpdateExpression="SET waiters = :waiters",
-                    ConditionExpression="attribute_not_exists(waiters)",
+                    ConditionExpression="attribute_not_exists(waiters)", ReturnValues="ALL_NEW",
                     ExpressionAttributeValues=values(waiters={waiter.id: waiter.entry()}))
-                return True
+                return from_item(answer["Attributes"])
             except ClientError as error:
                 if not is_conditional_failure(error):
                     raise
             present = {}  # someone else created it meanwhile: add to it
         live = {w.id for w in live_waiters(item, now)}
         if waiter.id not in live and len(live) >= MAX_WAITERS:
-            return False
+            return None
         expired = [name for name, e in present.items() if float(e["u"]) <= now and name != waiter.id][:20]
         names = {"#waiter": waiter.id, **{f"#x{n}": name for n, name in enumerate(expired)}}
         expression = "SET waiters.#waiter = :entry"
         if expired:
             expression += " REMOVE " + ", ".join(f"waiters.#x{n}" for n in range(len(expired)))
-        aws.dynamodb().update_item(
-            TableName=self.table, Key=slots_key, UpdateExpression=expression,
+        answer = aws.dynamodb().update_item(
+            TableName=self.table, Key=slots_key, UpdateExpression=expression, ReturnValues="ALL_NEW",
             ExpressionAttributeNames=names, ExpressionAttributeValues=values(entry=waiter.entry()))
-        return True
+        return from_item(answer["Attributes"])
 
     def take_waiter(self, slots_key: dict, waiter: Waiter) -> bool:
         """Remove a waiter to wake it; False if another worker took it first (or it re-registered)."""
