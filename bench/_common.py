@@ -157,8 +157,10 @@ class StackProcess:
 
 
 @contextlib.contextmanager
-def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = True) -> Iterator[Any]:
-    """`LocalStack` in this process (for profiles and botocore event hooks)."""
+def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = True,
+                     moto_in_process: bool = True) -> Iterator[Any]:
+    """`LocalStack` in this process (for profiles and botocore event hooks); moto too, unless
+    `moto_in_process` is False (the instruments that time or count moto's work need it here)."""
     import logging
 
     from freeinference_batch.local.stack import LocalStack
@@ -170,7 +172,8 @@ def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = Tr
     warnings.filterwarnings("ignore", message="No application metrics to publish")
     state_dir = tempfile.mkdtemp(prefix="fi-bench-")
     full_env = {**(SHORT_TIMINGS if short_timings else {}), **(env or {})}
-    stack = LocalStack(port=0, env=full_env, state_dir=state_dir, write_state_file=False)
+    stack = LocalStack(port=0, env=full_env, state_dir=state_dir, write_state_file=False,
+                       moto_in_process=moto_in_process)
     real_stdout = sys.stdout
     sys.stdout = _DropMetricLines(real_stdout)  # the handlers' EMF metrics would bury the figures
     try:

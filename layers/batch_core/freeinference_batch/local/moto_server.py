@@ -5,14 +5,25 @@ moto documents itself as not concurrency-safe, while the local stack calls it fr
 moto's WSGI app with werkzeug's threaded server, but wrap the app in one lock: a request's body
 is read *before* taking the lock and its response is fully produced *inside* it, so the lock is
 held only while moto works, never while a socket is slow.
+
+`MotoProcess` runs that server in a child process (`python -m freeinference_batch.local.moto_server`).
+The local stack does so by default: the stack is one Python process, and the GIL would otherwise
+put moto's work and every Lambda's on one core, so that each request's latency grows with the
+total load. The child exits when its stdin closes, that is, when the stack stops or dies.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -91,7 +102,20 @@ class MotoServer:
 
         # werkzeug logs every request at INFO; the local stack's own logs are what matter.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self.app = SerializedWsgiApp(DomainDispatcherApplication(create_backend_app))
+        class RememberedRouting(DomainDispatcherApplication):
+            """moto matches a request's host against every service's URL patterns, on every
+            request; a host's service never changes, so each is matched once."""
+
+            def __init__(self, create_app: Callable[..., Any]) -> None:
+                super().__init__(create_app)
+                self.backend_by_host: dict[str | None, Any] = {}
+
+            def get_backend_for_host(self, host: str | None) -> Any:
+                if host not in self.backend_by_host:
+                    self.backend_by_host[host] = super().get_backend_for_host(host)
+                return self.backend_by_host[host]
+
+        self.app = SerializedWsgiApp(RememberedRouting(create_backend_app))
         self._server = make_server(self.host, self.port, self.app, threaded=True, request_handler=MotoRequestHandler)
         self._server.daemon_threads = True
         self.port = self._server.server_port
@@ -118,3 +142,65 @@ class MotoServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class MotoProcess:
+    """`MotoServer` in a child process, with the same `start()` / `stop()` / `endpoint_url`."""
+
+    START_TIMEOUT_SECONDS = 60.0
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.endpoint_url = ""
+        self._process: subprocess.Popen[str] | None = None
+
+    def start(self) -> str:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "freeinference_batch.local.moto_server", "--host", self.host],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+        found: list[str] = []
+        reader = threading.Thread(target=lambda: found.append(self._process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(self.START_TIMEOUT_SECONDS)
+        line = found[0].strip() if found else ""
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"the moto server process did not start (it printed {line!r})")
+        self.endpoint_url = line
+        return line
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            if process.stdin is not None:
+                process.stdin.close()  # the child's signal to stop
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+        finally:
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def main() -> None:
+    """The child of `MotoProcess`: serve, print the endpoint, stop when stdin closes."""
+    parser = argparse.ArgumentParser(description="moto server, one request at a time; stops when stdin closes")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    # Ctrl-C reaches the whole process group: the stack stops this child itself, in its order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with MotoServer(host=args.host, port=args.port) as server:
+        print(server.endpoint_url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

@@ -308,6 +308,7 @@ class LocalStack:
         state_dir: str | Path | None = None,
         write_state_file: bool = True,
         env: dict[str, str] | None = None,
+        moto_in_process: bool = False,
     ) -> None:
         self.root = Path(root) if root else repo_root()
         self.template_path = Path(template_path) if template_path else self.root / "template.yaml"
@@ -321,6 +322,8 @@ class LocalStack:
         self.env: dict[str, str] = {}
         self.moto_endpoint = ""
         self.moto: Any = None
+        # In this process only for instruments that reach into moto (the benchmarks' diagnoses).
+        self.moto_in_process = moto_in_process
         self.upstream: Any = None
         self.api: Any = None
         self.functions: dict[str, FunctionSpec] = {}
@@ -359,12 +362,12 @@ class LocalStack:
         import boto3
 
         from freeinference_batch.local.apigw import ApiGatewayServer, routes_from_functions
-        from freeinference_batch.local.moto_server import MotoServer
+        from freeinference_batch.local.moto_server import MotoProcess, MotoServer
 
         self._set_env(self.extra_env)
         template = load_template(self.template_path)
 
-        self.moto = MotoServer(host=self.host)
+        self.moto = MotoServer(host=self.host) if self.moto_in_process else MotoProcess(host=self.host)
         self.moto_endpoint = self.moto.start()
         aws_env = {
             "AWS_ENDPOINT_URL": self.moto_endpoint,
@@ -551,10 +554,11 @@ class LocalStack:
             poller.resume()
 
     def stats(self) -> dict[str, Any]:
+        app = getattr(self.moto, "app", None)  # counted only with moto in this process
         return {
             "pollers": {name: poller.stats() for name, poller in self.pollers.items()},
             "timers": {name: timer.stats() for name, timer in self.timers.items()},
-            "moto_requests": self.moto.app.requests if self.moto is not None and self.moto.app else 0,
+            "moto_requests": app.requests if app is not None else None,
         }
 
     def _set_env(self, values: dict[str, str]) -> None:
