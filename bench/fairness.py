@@ -70,7 +70,7 @@ def diagnose(args: argparse.Namespace, directive: str) -> None:
 
     worker.Worker.handle_record, upstream.call = handle_record, call
     try:
-        with c.in_process_stack(short_timings=False) as stack:
+        with c.in_process_stack(short_timings=False, moto_in_process=False) as stack:
             client = c.Client(stack.base_url, stack.dev_key)
             small = c.dumps(c.batch_body(args.small, model=args.model, directive=f"{directive} small diag"))
             big = c.dumps(c.batch_body(args.big, model=args.model, directive=f"{directive} big diag"))
