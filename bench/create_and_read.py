@@ -4,6 +4,7 @@
     process that served them (the stack runs as a subprocess, so its memory is its own: by default
     bench/_stack_server.py --paused, the same LocalStack with its queue pollers paused so no worker
     competes with the API for moto; --workers running uses `freeinference-batch dev` instead).
+    moto runs in the stack's own child process, so its copy of the items is not in this figure.
     Baseline, in this process: json.dumps + json.loads of the same payload. Target: median <= 3 s.
 (b) GET /v1/batches/{id}/results, 1,000 a page, until has_more is false: total time. The batch
     need not have run (unstarted requests are listed as queued). Target: <= 10 s.

@@ -393,6 +393,27 @@ def test_a_chain_without_time_for_another_request_sends_its_next_message(harness
     assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
 
 
+def test_a_failed_wake_does_not_stop_the_chain(harness, upstream, worker, monkeypatch):
+    sim, _ = upstream
+    batch = harness.create([sample_request(f"q-{n}", f"Wake fails {n}") for n in range(8)])
+    queued = queued_messages(harness)
+
+    def throttled(*args, **kwargs):
+        raise RuntimeError("DynamoDB throttled the read")
+
+    read_slots = worker._read_slots
+    monkeypatch.setattr(worker, "_read_slots", throttled)
+    # When waking waiters fails after a request settled
+    outcome = worker.process(message_for(harness, batch["id"], 0), NO_RECORD)
+    # Then the request still counts once and the chain's next message is still sent
+    assert isinstance(outcome, Done)
+    assert queued_messages(harness) == queued + 1
+    assert meta_of(harness, batch["id"])["completed"] == 1
+    monkeypatch.setattr(worker, "_read_slots", read_slots)
+    final = harness.run_to_final(batch["id"])
+    assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+    assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
+
 def test_a_chain_stops_handing_over_when_interactive_load_takes_the_model(harness, upstream, worker, monkeypatch):
     sim, _ = upstream
     batch = harness.create([sample_request(f"q-{n}", f"Load rises {n}") for n in range(8)])

@@ -391,15 +391,21 @@ class Worker:
         """Slots were freed and not taken again: make the best waiting chain's message visible.
 
         `known` are the slots items as a yielding chain read them just before: the waiter it yields
-        to is woken from them without another read. Any item that shows no waiter left to wake is
+        to is woken from them without another read (so a better waiter that registered since is
+        passed over while that one is still listed). Any item that shows no waiter left to wake is
         then read afresh, since a chain may have registered between that read and the release."""
         keys = [model_slots_key(message.model), account_slots_key(account_id)]
-        items = known if known is not None else self._read_slots(keys)
-        unwoken = [slots_key for slots_key, item in zip(keys, items, strict=True)
-                   if not self._wake_best(slots_key, item, now)]
-        if known is not None and unwoken:
-            for slots_key, item in zip(unwoken, self._read_slots(unwoken), strict=True):
-                self._wake_best(slots_key, item, now)
+        try:
+            items = known if known is not None else self._read_slots(keys)
+            unwoken = [slots_key for slots_key, item in zip(keys, items, strict=True)
+                       if not self._wake_best(slots_key, item, now)]
+            if known is not None and unwoken:
+                for slots_key, item in zip(unwoken, self._read_slots(unwoken), strict=True):
+                    self._wake_best(slots_key, item, now)
+        except Exception:
+            # Waking only saves a waiter the rest of its park; failing here must not keep the
+            # caller from what follows (its chain's next message).
+            logger.exception("could not wake waiters", extra={"batch_id": message.batch_id})
 
     def _wake_best(self, slots_key: dict, item: dict | None, now: float) -> bool:
         """Wake the best of the item's live waiters; False if it shows none, or others took them all."""

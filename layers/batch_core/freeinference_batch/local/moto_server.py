@@ -18,7 +18,6 @@ import argparse
 import io
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -160,6 +159,9 @@ class MotoProcess:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "freeinference_batch.local.moto_server", "--host", self.host],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            # Out of the terminal's process group: Ctrl-C is the stack's to handle, and the stack
+            # stops this child itself, in its order.
+            start_new_session=True,
         )
         found: list[str] = []
         reader = threading.Thread(target=lambda: found.append(self._process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
@@ -195,10 +197,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    # Ctrl-C reaches the whole process group: the stack stops this child itself, in its order.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with MotoServer(host=args.host, port=args.port) as server:
         print(server.endpoint_url, flush=True)
+        # The parent reads only that line: anything moto prints later goes to stderr, or a full
+        # pipe would block moto while it holds its lock.
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         sys.stdin.read()
 
 

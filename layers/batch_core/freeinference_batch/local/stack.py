@@ -554,7 +554,8 @@ class LocalStack:
             poller.resume()
 
     def stats(self) -> dict[str, Any]:
-        app = getattr(self.moto, "app", None)  # counted only with moto in this process
+        # moto's request count is known only with moto in this process (`moto_in_process`): else None.
+        app = getattr(self.moto, "app", None)
         return {
             "pollers": {name: poller.stats() for name, poller in self.pollers.items()},
             "timers": {name: timer.stats() for name, timer in self.timers.items()},
