@@ -141,6 +141,13 @@ def _chain(message: RequestMessage, meta: dict) -> int:
     return message.index % meta["lane_widths"][message.model]
 
 
+def _slots_as_read(message: RequestMessage, gates: Gates, verdict: Verdict) -> list[tuple[dict, dict | None, int]]:
+    """(key, item as the gates read it, capacity) of the model's and the account's slots, in that order."""
+    assert verdict.owner is not None
+    return [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
+            (account_slots_key(message.account_id), gates.account_slots, verdict.owner.concurrency_limit)]
+
+
 def _waiter_id(message: RequestMessage, meta: dict) -> str:
     return f"{message.batch_id}#{_chain(message, meta)}"
 
@@ -269,8 +276,7 @@ class Worker:
         if verdict.capacity <= 0:
             return self._wait_for_slot(message, meta, record, now, None, None, 0)
 
-        slots = [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
-                 (account_slots_key(meta["account_id"]), gates.account_slots, owner.concurrency_limit)]
+        slots = _slots_as_read(message, gates, verdict)
         for slots_key, item, capacity in slots:
             leases = (item or {}).get("leases")
             if leases is not None and len(leases) < capacity:
@@ -278,7 +284,7 @@ class Worker:
             # Full as read. Held by live leases, it is waited for: registering as a waiter answers
             # the item as it is then, so a slot freed since the read is seen there. Otherwise (never
             # used, or a dead worker's lease expired in it) reap first, counting from reap's own read.
-            live = leases is not None and min(leases.values(), default=now + 1) > now
+            live = leases is not None and all(until > now for until in leases.values())
             if (live and record.get("receiptHandle")) or self.leases.reap(slots_key, now) >= capacity:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
@@ -495,8 +501,7 @@ class Worker:
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
             return Leave()  # the next request's own message will meet the gate and act on it
         fresh_meta = gates.meta
-        slots = [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
-                 (account_slots_key(meta["account_id"]), gates.account_slots, verdict.owner.concurrency_limit)]
+        slots = _slots_as_read(message, gates, verdict)
         for _, item, capacity in slots:
             leases = (item or {}).get("leases", {})
             if token not in leases or len(leases) > capacity:

@@ -163,8 +163,11 @@ class MotoProcess:
             # stops this child itself, in its order.
             start_new_session=True,
         )
+        stdout = self._process.stdout
+        assert stdout is not None
         found: list[str] = []
-        reader = threading.Thread(target=lambda: found.append(self._process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        # The first line is the endpoint; read on a thread so a child that hangs cannot hang us.
+        reader = threading.Thread(target=lambda: found.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.START_TIMEOUT_SECONDS)
         line = found[0].strip() if found else ""
