@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 import zlib
-from typing import Any
 
 from freeinference_batch import accounts, clock, dispatch, lifecycle, validation, views
 from freeinference_batch.accounts import Principal
@@ -21,13 +19,11 @@ from freeinference_batch.errors import (
 )
 from freeinference_batch.schemas import CREATING, DELETED, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
+from freeinference_batch.store import input_chunks
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
-# Input chunks: about this much JSON each before compression, and never an item over the limit.
-CHUNK_TARGET_BYTES = 256 * 1024
-CHUNK_ITEM_LIMIT = 350 * 1024
 
 
 # ---- create -----------------------------------------------------------------------------
@@ -59,27 +55,6 @@ def _too_large(limit: int, size: int | None = None) -> PayloadTooLarge:
                            "Split the job into several batches")
 
 
-def pack_chunks(requests: list[list[Any]], raw_size: int) -> list[tuple[int, bytes, bool]]:
-    """Split the requests into compressed runs: (first position, data, too big for an item)."""
-    per_chunk = max(1, int(CHUNK_TARGET_BYTES * len(requests) / max(1, raw_size)))
-    out: list[tuple[int, bytes, bool]] = []
-
-    def pack(start: int, run: list[list[Any]]) -> None:
-        data = zlib.compress(json.dumps(run, separators=(",", ":")).encode(), 3)
-        if len(data) <= CHUNK_ITEM_LIMIT:
-            out.append((start, data, False))
-        elif len(run) == 1:
-            out.append((start, data, True))  # one huge request: claim check in S3
-        else:
-            half = len(run) // 2
-            pack(start, run[:half])
-            pack(start + half, run[half:])
-
-    for start in range(0, len(requests), per_chunk):
-        pack(start, requests[start : start + per_chunk])
-    return out
-
-
 def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None) -> dict:
     catalog = load_catalog(settings.model_catalog_path)
     if not catalog.tier_may_batch(principal.tier):
@@ -99,15 +74,15 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     # 1. Everything but META: invisible without it (a crash here leaves items TTL removes).
     items = []
     chunk_starts = []
-    for number, (start, data, oversized) in enumerate(pack_chunks(requests, len(raw))):
-        chunk_starts.append(start)
-        if oversized:
-            items.append(table.chunk_item_in_s3(batch_id, number, data, ttl))
+    for number, run in enumerate(input_chunks.pack(requests)):
+        chunk_starts.append(run.start)
+        if run.oversized:
+            items.append(table.chunk_item_in_s3(batch_id, number, run.data, ttl))
         else:
-            items.append(table.chunk_item(batch_id, number, data, ttl))
+            items.append(table.chunk_item(batch_id, number, run.data, ttl))
     lanes: dict[str, list[int]] = {}
-    for position, (_, model, _) in enumerate(requests):
-        lanes.setdefault(model, []).append(position)
+    for position, request in enumerate(requests):
+        lanes.setdefault(request.model, []).append(position)
     lease_until = now + settings.batch_dispatch_lease_seconds
     first_messages = []
     lane_widths = {}

@@ -15,6 +15,8 @@ from freeinference_batch.store.batch_table import PURGE_SHARD, BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 
 RUNNABLE = ("validating", "in_progress")
+# The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
+STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
 
 
 def _ts(now: float) -> int:
@@ -34,8 +36,14 @@ def finished_fields(settings: Settings, now: float) -> tuple[str, dict[str, Any]
     return clause, named
 
 
+def starts_requests(meta: dict, now: float) -> bool:
+    """Whether a request of this batch may start now."""
+    return meta["status"] in RUNNABLE and "failing" not in meta and now < meta["expires_at"]
+
+
 def decide_final_status(meta: dict, now: float) -> str | None:
-    """The final status a batch should take now, if any (running requests always finish first)."""
+    """The final status a batch should take now, if any. Running requests always finish first,
+    so a batch in a final status has none running and its counts never change again."""
     status = meta["status"]
     if meta.get("running", 0) > 0:
         return None
@@ -44,6 +52,8 @@ def decide_final_status(meta: dict, now: float) -> str | None:
     if status in RUNNABLE:
         if meta.get("completed", 0) + meta.get("failed", 0) >= meta["total"]:
             return "completed"
+        if "failing" in meta:
+            return "failed"
         if now >= meta["expires_at"]:
             return "expired"
     return None
@@ -55,12 +65,15 @@ def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) 
     if final is None:
         return None
     clause, named = finished_fields(settings, now)
+    names = {"#status": "status", "#ttl": "ttl"}
+    if final == "failed":
+        clause += ", #error = failing"
+        names["#error"] = "error"
     element = table.meta_update_element(
         meta["id"],
         f"SET #status = :final, {final}_at = :now, {clause} REMOVE open_shard",
         "#status = :old AND running = :zero",
-        names={"#status": "status", "#ttl": "ttl"},
-        final=final, old=meta["status"], zero=0, **named,
+        names=names, final=final, old=meta["status"], zero=0, **named,
     )
     try:
         transact([element, accounts.unfinished_decrement_update(settings, meta["owner"])])
@@ -70,22 +83,18 @@ def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) 
 
 
 def fail_batch(settings: Settings, table: BatchTable, meta: dict, now: float, code: str, message: str) -> bool:
-    """The owner lost the right to run it: fail at once; running requests still finish."""
-    if meta["status"] not in RUNNABLE:
-        return False
-    clause, named = finished_fields(settings, now)
-    element = table.meta_update_element(
-        meta["id"],
-        f"SET #status = :failed, failed_at = :now, #error = :error, {clause} REMOVE open_shard",
-        "#status IN (:validating, :in_progress)",
-        names={"#status": "status", "#error": "error", "#ttl": "ttl"},
-        failed="failed", error={"code": code, "message": message},
-        validating="validating", in_progress="in_progress", **named,
+    """The owner lost the right to run it: no request starts any more, and the batch fails as
+    soon as none runs (at once if none does). Until then it stays open, so the sweep still
+    recovers a running request whose worker died, and it keeps its status: a final status is
+    final, counts included."""
+    updated = table.update_meta(
+        meta["id"], "SET failing = :error", "#status IN (:validating, :in_progress)",
+        names={"#status": "status"}, error={"code": code, "message": message},
+        validating="validating", in_progress="in_progress",
     )
-    try:
-        transact([element, accounts.unfinished_decrement_update(settings, meta["owner"])])
-    except TransactionFailed:
+    if updated is None:
         return False
+    try_finalize(settings, table, updated, now)
     return True
 
 

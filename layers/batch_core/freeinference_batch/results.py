@@ -43,12 +43,12 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
         states = table.get_requests(batch_id, first, last)
         starts = meta["chunk_starts"]
         number = bisect.bisect_right(starts, first) - 1
-        chunk, chunk_start = table.get_chunk(batch_id, number), starts[number]
+        custom_ids, chunk_start = table.get_custom_ids(batch_id, number), starts[number]
         for position in range(first, last + 1):
             if number + 1 < len(starts) and position >= starts[number + 1]:
                 number += 1
-                chunk, chunk_start = table.get_chunk(batch_id, number), starts[number]
-            custom_id = chunk[position - chunk_start][0]
+                custom_ids, chunk_start = table.get_custom_ids(batch_id, number), starts[number]
+            custom_id = custom_ids[position - chunk_start]
             state = states.get(position)
             response = table.load_response(state) if state and state.get("status") == "completed" else None
             data.append(views.result_line(meta, result_id(meta, position), custom_id, state, response))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NamedTuple, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from typing_extensions import TypedDict
@@ -76,6 +76,14 @@ class CreateBatchDict(TypedDict):
     __pydantic_config__ = ConfigDict(extra="ignore")  # type: ignore[misc]
     requests: list[BatchRequestDict]
     metadata: NotRequired[dict[StrictStr, StrictStr] | None]
+
+
+class CheckedRequest(NamedTuple):
+    """A request that passed every check, its body kept as the JSON bytes sent upstream."""
+
+    custom_id: str
+    model: str
+    body: bytes
 
 
 # ---- answers ------------------------------------------------------------------------------

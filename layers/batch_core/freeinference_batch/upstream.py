@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from dataclasses import dataclass
@@ -14,6 +15,9 @@ from freeinference_batch.settings import Settings
 _local = threading.local()
 
 Kind = Literal["completed", "retry", "failed"]
+# A completion of the longest answer a model writes is a few MB of JSON; more is not a completion,
+# and reading it whole could take the worker's memory (and every other request it runs) down.
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,13 @@ class Outcome:
     response: dict[str, Any] | None = None  # {status_code, request_id, body} when completed
     error: dict[str, Any] | None = None  # {code, message, status}
     retry_after: float | None = None
+    # Tokens the upstream reports having served, (prompt, completion), for an answer we cannot
+    # keep: charged once all the same, as the model did the work.
+    usage: tuple[int, int] | None = None
+
+
+class _TooLarge(Exception):
+    pass
 
 
 def _session() -> requests.Session:
@@ -57,9 +68,10 @@ def classify(status: int, message: str) -> tuple[Kind, dict]:
 
 def _error_message(response: requests.Response) -> str:
     try:
-        detail = response.json().get("error", {})
+        # An error body worth reading is small: look at its first 64 KB only.
+        detail = json.loads(next(response.iter_content(chunk_size=64 * 1024), b"")).get("error", {})
         message = detail.get("message") if isinstance(detail, dict) else str(detail)
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError, requests.RequestException):
         message = None
     return str(message or f"Upstream answered HTTP {response.status_code}")[:1000]
 
@@ -71,34 +83,65 @@ def _retry_after(response: requests.Response) -> float | None:
         return None
 
 
-def call(settings: Settings, body: dict, *, account_id: str, request_ref: str) -> Outcome:
-    """Send one chat completion as the owner's account, with the service credential (we keep
-    only hashes of users' keys, never the keys)."""
+def _read_body(response: requests.Response) -> bytes:
+    """The response body, refusing to hold more than MAX_RESPONSE_BYTES of it."""
+    chunks, size = [], 0
+    for chunk in response.iter_content(chunk_size=256 * 1024):
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _completion(response: requests.Response, text: bytes) -> Outcome:
+    """A 200 answer: completed if it is a JSON object, else a failure that is not retried (the
+    model did answer, and would most likely answer the same again), charged for what it served."""
+    try:
+        completion = json.loads(text, parse_constant=_refuse_constant)
+        if not isinstance(completion, dict):
+            raise ValueError(f"a JSON {type(completion).__name__}, not an object")
+    except (ValueError, RecursionError) as error:
+        try:  # Python's own reading forgives NaN and Infinity: enough to learn the usage, maybe
+            lenient = json.loads(text)
+            usage = usage_of(lenient) if isinstance(lenient, dict) else None
+        except (ValueError, RecursionError):
+            usage = None
+        return Outcome("failed", usage=usage, error={
+            "code": "upstream_error", "status": 502,
+            "message": f"The model's answer is not valid JSON ({str(error)[:200]}); it was not kept"})
+    request_id = response.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
+    return Outcome("completed", response={"status_code": 200, "request_id": request_id, "body": completion})
+
+
+def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str) -> Outcome:
+    """Send one chat completion (its body as the JSON bytes stored at create) as the owner's
+    account, with the service credential (we keep only hashes of users' keys, never the keys)."""
     headers = {"X-FreeInference-Account": account_id, "X-FreeInference-Request-Id": request_ref,
-               "X-FreeInference-Source": "batch"}
+               "X-FreeInference-Source": "batch", "Content-Type": "application/json"}
     if settings.upstream_api_key:
         headers["Authorization"] = f"Bearer {settings.upstream_api_key}"
     url = settings.upstream_base_url.rstrip("/") + "/chat/completions"
+    timeout = settings.batch_upstream_timeout_seconds
     try:
-        response = _session().post(url, json=body, headers=headers, timeout=settings.batch_upstream_timeout_seconds)
+        with _session().post(url, data=body, headers=headers, timeout=timeout, stream=True) as response:
+            if response.status_code != 200:
+                kind, error = classify(response.status_code, _error_message(response))
+                return Outcome(kind, error=error, retry_after=_retry_after(response))
+            return _completion(response, _read_body(response))
+    except _TooLarge:
+        return Outcome("failed", error={"code": "upstream_error", "status": 502,
+                                        "message": f"The model's answer is larger than {MAX_RESPONSE_BYTES} bytes; "
+                                                   "it was not kept"})
     except requests.Timeout:
-        return Outcome("retry", error={"code": "timeout", "status": 504,
-                                       "message": f"No answer within {settings.batch_upstream_timeout_seconds:g} s"})
+        return Outcome("retry", error={"code": "timeout", "status": 504, "message": f"No answer within {timeout:g} s"})
     except requests.RequestException as error:
         return Outcome("retry", error={"code": "service_unavailable", "status": 503,
                                        "message": f"Could not reach the model: {type(error).__name__}"})
-    if response.status_code == 200:
-        try:
-            completion = response.json()
-            if not isinstance(completion, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            return Outcome("retry", error={"code": "upstream_error", "status": 502,
-                                           "message": "The model answered with a body that is not a JSON object"})
-        request_id = response.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
-        return Outcome("completed", response={"status_code": 200, "request_id": request_id, "body": completion})
-    kind, error = classify(response.status_code, _error_message(response))
-    return Outcome(kind, error=error, retry_after=_retry_after(response))
 
 
 def usage_of(completion: dict) -> tuple[int, int]:

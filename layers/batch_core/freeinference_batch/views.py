@@ -62,7 +62,9 @@ def result_line(meta: dict, result_id: str, custom_id: str, state: dict | None,
     status = state["status"] if state else "queued"
     error = state.get("error") if state else None
     if status not in ("completed", "failed", "running") and meta["status"] in NOT_STARTED:
-        status, error = NOT_STARTED[meta["status"]]
+        # A request waiting for its retry did run: it keeps the error of its last attempt.
+        status, batch_error = NOT_STARTED[meta["status"]]
+        error = error or batch_error
     line = ResultLine(
         id=result_id,
         custom_id=custom_id,

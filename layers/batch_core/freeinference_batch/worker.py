@@ -229,8 +229,8 @@ class Worker:
     def _judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0) -> Verdict:
         """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over."""
         meta = gates.meta
-        # The batch is gone, no longer runs requests, or its window closed before this one started.
-        if meta is None or meta["status"] not in lifecycle.RUNNABLE or now >= meta["expires_at"]:
+        # The batch is gone, no longer starts requests, or its window closed before this one started.
+        if meta is None or not lifecycle.starts_requests(meta, now):
             return Verdict("gone")
         # The owner, checked again before every run.
         owner = accounts.judge_owner(self.catalog, meta["account_id"], gates.key_item or None,
@@ -296,7 +296,7 @@ class Worker:
             self.table.meta_update_element(
                 message.batch_id,
                 "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
-                "#status IN (:validating, :in_progress) AND expires_at > :now",
+                f"{lifecycle.STARTS_REQUESTS} AND expires_at > :now",
                 names={"#status": "status"}, in_progress="in_progress", validating="validating",
                 now=int(now), one=1,
             ),
@@ -345,10 +345,11 @@ class Worker:
         self._maybe_crash("after upstream call")
         return self._settle(claimed, outcome, deadline)
 
-    def _request_body(self, meta: dict, position: int) -> dict:
+    def _request_body(self, meta: dict, position: int) -> bytes:
+        """The request's body as stored at create: JSON bytes, sent upstream without parsing."""
         starts = meta["chunk_starts"]
         number = bisect.bisect_right(starts, position) - 1
-        return self.table.get_chunk(meta["id"], number)[position - starts[number]][2]
+        return self.table.get_chunk(meta["id"], number).body(position - starts[number])
 
     # ---- waiting ------------------------------------------------------------------------
 
@@ -463,6 +464,8 @@ class Worker:
         else:
             _metric("RequestsFailed")
             settle = {"status": "failed", "error": outcome.error}
+            if outcome.usage:  # the model served it, though its answer cannot be kept
+                settle["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
 
         following = self._following(message, meta)
         leave = Leave()
@@ -517,7 +520,7 @@ class Worker:
             self._settle_request_element(message, token, now, **settle),
             self.table.meta_update_element(
                 message.batch_id, f"ADD {counter} :one" + (", cost_nano :cost" if cost else ""),
-                "#status IN (:validating, :in_progress) AND expires_at > :now", names={"#status": "status"},
+                f"{lifecycle.STARTS_REQUESTS} AND expires_at > :now", names={"#status": "status"},
                 one=1, validating="validating", in_progress="in_progress", now=int(now),
                 **({"cost": cost} if cost else {})),
             *(self.leases.transfer_element(slots_key, token, next_token, capacity, lease_until)
@@ -583,7 +586,7 @@ class Worker:
             names["#error"] = "error"
             named["error"] = error
         if response is not None:
-            attribute, value = self.table.response_attribute(message.batch_id, message.position, response)
+            attribute, value = self.table.response_attribute(message.batch_id, message.position, token, response)
             sets.append(f"#{attribute} = :response")
             names[f"#{attribute}"] = attribute
             named["response"] = value

@@ -6,10 +6,10 @@ Items of one batch share the partition `BATCH#<id>`:
 | sk | written | holds |
 |---|---|---|
 | `META` | create, then every state change | owner, status, timestamps, counters, cost (nano-USD), metadata |
-| `IN#00000` | create (immutable) | a run of consecutive requests, zlib-compressed JSON; S3 when too big |
+| `IN#00000` | create (immutable) | a run of consecutive requests (`input_chunks.py`); S3 when too big |
 | `LANE#<model>` | create, each settle | the lane's chain heads and their dispatch leases |
 | `LANEPOS#<model>` | create (immutable) | the lane's request positions, delta-encoded and compressed |
-| `REQ#000000042` | when a request first runs | status, attempts, last error, response (S3 when large) |
+| `REQ#000000042` | when a request first runs | status, attempts, last error, response (compressed; S3 when large) |
 
 The mutable items stay small on purpose: DynamoDB bills an update by the size of the whole
 item, so the big immutable parts live in items of their own.
@@ -18,16 +18,19 @@ item, so the big immutable parts live in items of their own.
 from __future__ import annotations
 
 import array
+import gzip
 import json
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from freeinference_batch import aws
 from freeinference_batch.settings import Settings
+from freeinference_batch.store import input_chunks
 from freeinference_batch.store.dynamo import (
     batch_get,
     batch_write,
@@ -44,7 +47,8 @@ META = "META"
 OPEN_SHARD = "OPEN"
 PURGE_SHARD = "PURGE"
 COUNTER_KEY = key("COUNTER", "RESULT_IDS")
-# Store responses larger than this in S3 (DynamoDB items stop at 400 KB).
+# Responses whose JSON is larger than this go to S3 (DynamoDB items stop at 400 KB). Smaller ones
+# are stored compressed in the request's item, so none of those can outgrow a results page alone.
 INLINE_RESPONSE_LIMIT = 300_000
 
 
@@ -90,10 +94,13 @@ def decode_positions(blob: bytes) -> list[int]:
 
 
 class _LruCache:
-    """Immutable items (input chunks, lane positions) read by warm workers again and again."""
+    """Immutable items (input chunks, lane positions) read by warm workers again and again, up to
+    a total weight (`weigh` of each value; by default each counts one)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, weigh: Callable[[Any], int] = lambda _: 1) -> None:
         self._size = size
+        self._weigh = weigh
+        self._weight = 0
         self._items: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -105,14 +112,22 @@ class _LruCache:
         return None
 
     def put(self, name: Any, value: Any) -> None:
+        weight = self._weigh(value)
+        if weight > self._size:
+            return  # bigger than the whole cache: keeping it would evict everything else
         with self._lock:
+            if name in self._items:
+                self._weight -= self._weigh(self._items.pop(name))
             self._items[name] = value
-            self._items.move_to_end(name)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
+            self._weight += weight
+            while self._weight > self._size:
+                _, evicted = self._items.popitem(last=False)
+                self._weight -= self._weigh(evicted)
 
 
-_chunks = _LruCache(64)
+# Chunks are weighed by their bodies' bytes, so a worker's cache stays small beside its 512 MB
+# whatever the batches hold (one chunk may be a single 32 MiB request).
+_chunks = _LruCache(48 * 1024 * 1024, weigh=lambda run: run.size)
 _lane_positions = _LruCache(256)
 
 
@@ -168,21 +183,30 @@ class BatchTable:
         answer = aws.dynamodb().get_item(TableName=self.name, Key=meta_key(batch_id), ConsistentRead=consistent)
         return from_item(answer.get("Item"))
 
-    def get_chunk(self, batch_id: str, number: int) -> list[list[Any]]:
-        """The requests of one input chunk: [custom_id, model, body] each. Cached: chunks never change."""
+    def get_chunk(self, batch_id: str, number: int) -> input_chunks.InputRun:
+        """The requests of one input chunk. Cached: chunks never change."""
         cached = _chunks.get((batch_id, number))
         if cached is not None:
             return cached
+        run = input_chunks.unpack(self._chunk_data(batch_id, number))
+        _chunks.put((batch_id, number), run)
+        return run
+
+    def get_custom_ids(self, batch_id: str, number: int) -> list[str]:
+        """The custom ids of one input chunk's requests (its bodies are not decompressed)."""
+        cached = _chunks.get((batch_id, number))
+        if cached is not None:
+            return cached.custom_ids
+        return input_chunks.unpack_custom_ids(self._chunk_data(batch_id, number))
+
+    def _chunk_data(self, batch_id: str, number: int) -> bytes:
         answer = aws.dynamodb().get_item(TableName=self.name, Key=key(batch_pk(batch_id), chunk_sk(number)))
         item = from_item(answer.get("Item"))
         if item is None:
             raise LookupError(f"input chunk {number} of {batch_id} is missing")
-        packed = item.get("data")
-        if packed is None:
-            packed = aws.s3().get_object(Bucket=self.bucket, Key=item["s3_key"])["Body"].read()
-        requests = json.loads(zlib.decompress(packed))
-        _chunks.put((batch_id, number), requests)
-        return requests
+        if "data" in item:
+            return item["data"]
+        return aws.s3().get_object(Bucket=self.bucket, Key=item["s3_key"])["Body"].read()
 
     def get_lane_positions(self, batch_id: str, model: str) -> list[int]:
         cached = _lane_positions.get((batch_id, model))
@@ -221,20 +245,27 @@ class BatchTable:
         return found
 
     def load_response(self, state: dict) -> dict | None:
-        if "response" in state:
-            return state["response"]
+        if "response_z" in state:
+            return json.loads(zlib.decompress(state["response_z"]))
         if "response_s3_key" in state:
             body = aws.s3().get_object(Bucket=self.bucket, Key=state["response_s3_key"])["Body"].read()
-            return json.loads(zlib.decompress(body))
+            return json.loads(gzip.decompress(body))
         return None
 
-    def response_attribute(self, batch_id: str, position: int, response: dict) -> tuple[str, Any]:
-        """(attribute, value) to store a response: inline when it fits an item, else in S3."""
-        encoded = json.dumps(response, separators=(",", ":"))
+    def response_attribute(self, batch_id: str, position: int, token: str, response: dict) -> tuple[str, bytes | str]:
+        """(attribute, value) to store a response, compressed: inline when small, else in S3.
+
+        Stored as bytes, never as a DynamoDB map: a completion's JSON may hold empty object keys,
+        which DynamoDB refuses as attribute names. The S3 key names the run's claim, so a run that
+        lost its claim (and whose settle will fail) never overwrites the winner's response; its own
+        object is left for the purge. S3 objects are gzip JSON with a matching Content-Encoding, so
+        a presigned URL serves the response as it is."""
+        encoded = json.dumps(response, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
         if len(encoded) <= INLINE_RESPONSE_LIMIT:
-            return "response", response
-        s3_key = f"{batch_id}/responses/{position:09d}.json.z"
-        aws.s3().put_object(Bucket=self.bucket, Key=s3_key, Body=zlib.compress(encoded.encode(), 6))
+            return "response_z", zlib.compress(encoded, 6)
+        s3_key = f"{batch_id}/responses/{position:09d}/{token}.json.gz"
+        aws.s3().put_object(Bucket=self.bucket, Key=s3_key, Body=gzip.compress(encoded, 6),
+                            ContentType="application/json", ContentEncoding="gzip")
         return "response_s3_key", s3_key
 
     def list_owner(self, account_id: str, limit: int, start_key: dict | None) -> tuple[list[dict], dict | None]:
