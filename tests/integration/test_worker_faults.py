@@ -1,0 +1,320 @@
+"""Faults a request can bring to the worker, on moto: runs that keep dying, poisoned records,
+bodies that expand when parsed, answers that are not JSON, superseded runs, owners that lose
+the right to run a batch while one of its workers dies."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from freeinference_batch import accounts, schedules
+from freeinference_batch import upstream as upstream_client
+from freeinference_batch.catalog import load_catalog
+from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.worker import Done, Parked, Worker
+
+from tests.integration.conftest import sample_request
+from tests.integration.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
+
+
+class WorkerDied(BaseException):
+    """The Lambda running the request is killed mid-run: nothing cleans up."""
+
+
+def expire_leases(harness) -> None:
+    """Move the clock past a running request's lease and a sent message's dispatch lease."""
+    harness.advance_clock(harness.settings.lease_seconds + harness.settings.batch_dispatch_lease_seconds + 60)
+
+
+def results_by_id(harness, batch_id: str) -> dict[str, dict]:
+    return {line["custom_id"]: line for line in harness.results(batch_id)}
+
+
+class StubUpstream:
+    """An OpenAI-compatible upstream that answers every call with `answer` (raw bytes), reading
+    and dropping the request body in small pieces, so it holds no copy of what it is sent."""
+
+    def __init__(self) -> None:
+        self.answer = b"{}"
+        self.received: list[int] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                remaining = int(self.headers.get("Content-Length") or 0)
+                stub.received.append(remaining)
+                while remaining > 0:
+                    remaining -= len(self.rfile.read(min(remaining, 64 * 1024)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(stub.answer)))
+                self.end_headers()
+                self.wfile.write(stub.answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub(harness) -> Iterator[StubUpstream]:
+    server = StubUpstream()
+    harness.configure(UPSTREAM_BASE_URL=server.base_url)
+    yield server
+    server.stop()
+
+
+# ---------------------------------------------------------------- runs that keep dying
+
+
+def test_a_request_whose_every_run_dies_fails_after_the_attempt_limit(harness, monkeypatch):
+    # Given a request that kills its worker every time it runs, beside a healthy one
+    harness.configure(BATCH_MAX_ATTEMPTS="3")
+    batch = harness.create([sample_request("poison", "Poisonous"), sample_request("fine", "Healthy")])
+    real_call = upstream_client.call
+
+    def dying_call(settings, body, **kwargs):
+        if b"Poisonous" in body:
+            raise WorkerDied
+        return real_call(settings, body, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", dying_call)
+    poison = message_for(harness, batch["id"], 0)
+    assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 1), NO_RECORD), Done)
+    # When each run dies and the sweep takes the request back and sends it again
+    for attempt in range(1, 4):
+        with pytest.raises(WorkerDied):
+            Worker(harness.settings).process(poison, NO_RECORD)
+        assert state_of(harness, batch["id"], 0)["attempts"] == attempt
+        expire_leases(harness)
+        swept = schedules.sweep(harness.settings)
+        if attempt < 3:
+            assert swept["recovered"] == 1 and swept["resent"] == 1 and swept["interrupted"] == 0
+    # Then after the third death it is not run again: it fails, its slots are free, the batch ends
+    assert swept["interrupted"] == 1 and swept["recovered"] == 0 and swept["finalized"] == 1
+    lines = results_by_id(harness, batch["id"])
+    assert lines["poison"]["status"] == "failed" and lines["poison"]["error"]["code"] == "run_interrupted"
+    assert lines["fine"]["status"] == "completed"
+    final = harness.batch(batch["id"])
+    assert final["status"] == "completed"
+    assert final["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    assert meta_of(harness, batch["id"])["running"] == 0
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+
+
+def test_a_poisoned_record_fails_alone_in_its_invocation(harness, monkeypatch):
+    # Given an invocation of two records, one of which blows up in the worker
+    batch = harness.create([sample_request("poison", "Poisonous"), sample_request("fine", "Healthy")])
+    real_call = upstream_client.call
+
+    def failing_call(settings, body, **kwargs):
+        if b"Poisonous" in body:
+            raise MemoryError("the run of this request ran out of memory")
+        return real_call(settings, body, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", failing_call)
+    url = harness.queues[MODEL]
+    # When the worker handler runs them
+    assert harness.pump_once(url) == 2
+    # Then the healthy request completed and only the poisoned one waits to be run again
+    lines = results_by_id(harness, batch["id"])
+    assert lines["fine"]["status"] == "completed"
+    assert lines["poison"]["status"] == "running"  # its claim is recovered by the sweep, by lease
+
+
+# ---------------------------------------------------------------- bodies that expand when parsed
+
+
+def test_a_fragmented_body_is_refused_at_create_and_stores_nothing(harness):
+    # Given 27 MB of `[],` (it gzips to 26 KB, and parses into 9 million Python lists)
+    body = (b'{"requests":[{"custom_id":"bomb","body":{"model":"glm-5.3-flash","messages":['
+            + b"[]," * 9_000_000 + b'{"role":"user","content":"hi"}]}}]}')
+    # When it is sent gzipped
+    status, answer = harness.call("POST", "/v1/batches", raw=gzip.compress(body, 6),
+                                  headers={"content-encoding": "gzip"})
+    # Then it is refused, saying why, and nothing is stored
+    assert status == 400, answer
+    assert "JSON values" in answer["error"]["message"] and "5,000,000" in answer["error"]["message"]
+    assert harness.call("GET", "/v1/batches")[1]["data"] == []
+
+
+def test_a_worker_holds_a_request_as_bytes_in_memory_bounded_by_its_size(harness, stub):
+    # Given an accepted request whose body parses into far more memory than its JSON takes
+    # (2.4 million empty arrays: 7 MB of JSON, about 150 MB of Python lists)
+    fragments = b"[]," * 2_400_000
+    body = (b'{"requests":[{"custom_id":"big","body":{"model":"glm-5.3-flash","messages":['
+            + fragments + b'{"role":"user","content":"hi"}]}}]}')
+    status, answer = harness.call("POST", "/v1/batches", raw=gzip.compress(body, 6),
+                                  headers={"content-encoding": "gzip"})
+    assert status == 200, answer
+    stub.answer = json.dumps({"object": "chat.completion", "choices": [{"message": {"content": "ok"}}],
+                              "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+    # When a worker runs it, measured by tracemalloc
+    tracemalloc.start()
+    try:
+        outcome = Worker(harness.settings).process(message_for(harness, answer["id"], 0), NO_RECORD)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Then it was sent whole, and the worker's peak memory stayed a small multiple of the body's size
+    assert isinstance(outcome, Done)
+    assert stub.received == [len(b'{"model":"glm-5.3-flash","messages":[' + fragments + b'{"role":"user","content":"hi"}]}')]
+    assert peak < 4 * len(body), f"peak {peak / 1e6:.0f} MB for a {len(body) / 1e6:.0f} MB request"
+    assert harness.batch(answer["id"])["request_counts"]["completed"] == 1
+
+
+# ---------------------------------------------------------------- numbers JSON does not have
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_numbers_are_refused_at_create_naming_the_request(harness, constant):
+    body = (b'{"requests":[{"custom_id":"fine","body":{"model":"glm-5.3-flash","messages":[{"role":"user",'
+            b'"content":"hi"}]}},{"custom_id":"odd","body":{"model":"glm-5.3-flash","messages":[{"role":"user",'
+            b'"content":"hi"}],"temperature":' + constant + b"}}]}")
+    status, answer = harness.call("POST", "/v1/batches", raw=body)
+    assert status == 400, answer
+    assert answer["error"]["message"].startswith("requests[1] (custom_id 'odd'): body holds NaN or Infinity")
+    assert harness.call("GET", "/v1/batches")[1]["data"] == []
+
+
+@pytest.mark.parametrize(("answer", "charged"), [
+    (b'{"object":"chat.completion","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7},"score":NaN}',
+     True),
+    (b"<html>Bad gateway</html>", False),
+    (b'["not", "an", "object"]', False),
+])
+def test_an_answer_that_is_not_a_json_object_fails_once_charged_for_what_it_served(harness, stub, answer, charged):
+    # Given an upstream whose 200 answer is not a JSON object we can keep
+    stub.answer = answer
+    batch = harness.create([sample_request("q-0", "Hello")])
+    # When the request runs
+    outcome = Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD)
+    # Then it fails at once with a clear error (no retry), charged once for the tokens reported
+    assert isinstance(outcome, Done)
+    line = harness.results(batch["id"])[0]
+    assert line["status"] == "failed" and line["error"]["code"] == "upstream_error"
+    assert "not valid JSON" in line["error"]["message"]
+    assert state_of(harness, batch["id"], 0)["attempts"] == 1 and len(stub.received) == 1
+    cost = load_catalog().models[MODEL].cost_nano(5, 7) if charged else 0
+    assert meta_of(harness, batch["id"]).get("cost_nano", 0) == usage_today(harness) == cost
+    assert harness.batch(batch["id"])["status"] == "completed"
+
+
+def test_an_answer_with_empty_object_keys_is_stored_and_read_back(harness, stub):
+    # DynamoDB refuses empty attribute names, map keys included: responses are stored as bytes.
+    completion = {"object": "chat.completion", "choices": [{"message": {"content": "hi"}}],
+                  "extra": {"": "an empty key", "nested": {"": []}}, "usage": {"prompt_tokens": 1}}
+    stub.answer = json.dumps(completion).encode()
+    batch = harness.create([sample_request("q-0", "Hello")])
+    assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
+    line = harness.results(batch["id"])[0]
+    assert line["status"] == "completed" and line["response"]["body"] == completion
+
+
+# ---------------------------------------------------------------- superseded runs
+
+
+def big_completion(letter: str) -> upstream_client.Outcome:
+    body = {"object": "chat.completion", "choices": [{"message": {"content": letter * 400_000}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    return upstream_client.Outcome("completed", response={"status_code": 200, "request_id": f"req-{letter}",
+                                                          "body": body})
+
+
+def test_a_superseded_run_never_overwrites_the_winners_stored_response(harness, monkeypatch):
+    # Given a run that stalls past its lease while the request is taken back and run again (the
+    # winner), both with responses too big for an item (stored in S3)
+    batch = harness.create([sample_request("q-0", "Contested")])
+    message = message_for(harness, batch["id"], 0)
+    calls: list[str] = []
+
+    def contested_call(*args, **kwargs):
+        calls.append("call")
+        if len(calls) == 1:
+            expire_leases(harness)
+            schedules.sweep(harness.settings)
+            assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)  # the winner
+            return big_completion("A")  # the loser's late answer
+        return big_completion("B")
+
+    monkeypatch.setattr(upstream_client, "call", contested_call)
+    # When the stalled run finally settles
+    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)
+    # Then the winner's response is the one stored and read
+    line = harness.results(batch["id"])[0]
+    assert line["status"] == "completed" and line["response"]["request_id"] == "req-B"
+    assert set(line["response"]["body"]["choices"][0]["message"]["content"]) == {"B"}
+    assert harness.batch(batch["id"])["request_counts"]["completed"] == 1
+
+
+# ---------------------------------------------------------------- failed, expired, cancelled
+
+
+def test_a_failed_batch_recovers_a_dead_run_and_its_counts_never_change(harness, monkeypatch):
+    # Given a batch whose first request runs on a worker that dies mid-run
+    batch = harness.create([sample_request("q-0", "Dies"), sample_request("q-1", "Waits")])
+
+    def dying_call(*args, **kwargs):
+        raise WorkerDied
+
+    monkeypatch.setattr(upstream_client, "call", dying_call)
+    with pytest.raises(WorkerDied):
+        Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD)
+    # When the key that created it is revoked, and the second request meets the owner check
+    assert accounts.revoke_key(harness.settings, harness.key)
+    assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 1), NO_RECORD), Done)
+    # Then the batch does not take a final status while a request runs...
+    assert meta_of(harness, batch["id"])["status"] == "in_progress"
+    # ...the sweep takes the dead run back once its lease ends, and the batch fails
+    expire_leases(harness)
+    swept = schedules.sweep(harness.settings)
+    assert swept["recovered"] == 1 and swept["resent"] == 0 and swept["finalized"] == 1
+    reader = accounts.create_key(harness.settings, "acct-1")
+    final = _batch(harness, batch["id"], reader)
+    assert final["status"] == "failed" and final["error"]["code"] == "owner_unauthorized"
+    assert final["request_counts"] == {"total": 2, "completed": 0, "failed": 2}
+    lines = _results(harness, batch["id"], reader)
+    assert [line["error"]["code"] for line in lines] == ["batch_failed", "batch_failed"]
+    # And nothing changes afterwards
+    schedules.sweep(harness.settings)
+    schedules.expire(harness.settings)
+    assert _batch(harness, batch["id"], reader) == final
+
+
+def _batch(harness, batch_id: str, key: str) -> dict:
+    status, body = harness.call("GET", f"/v1/batches/{batch_id}", key=key)
+    assert status == 200, body
+    return body
+
+
+def _results(harness, batch_id: str, key: str) -> list[dict]:
+    status, page = harness.call("GET", f"/v1/batches/{batch_id}/results", key=key)
+    assert status == 200, page
+    return page["data"]
+
+
+def test_a_request_that_ran_keeps_its_last_error_when_its_batch_is_cancelled(harness):
+    # Given a request that failed once with a 503 and waits for its retry
+    batch = harness.create([sample_request("q-0", "Flaky [sim:fail=503*5]")])
+    outcome = Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD)
+    assert isinstance(outcome, Parked)
+    # When the batch is cancelled meanwhile
+    status, cancelled = harness.call("POST", f"/v1/batches/{batch['id']}/cancel")
+    assert status == 200 and cancelled["status"] == "cancelled"
+    # Then its result is cancelled, with the error of the run it did have
+    line = harness.results(batch["id"])[0]
+    assert line["status"] == "cancelled"
+    assert line["error"]["code"] == "service_unavailable" and line["error"]["status"] == 503
