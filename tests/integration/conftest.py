@@ -13,7 +13,7 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, clock
-from freeinference_batch.local import moto_transactions
+from freeinference_batch.local import aws_limits, moto_transactions
 from freeinference_batch.local.apigw import build_event, invoke_integration, refuse_oversized_body
 from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
 from freeinference_batch.local.pollers import failed_message_ids, sqs_record
@@ -177,9 +177,12 @@ def _serialized(call):
 
 
 @pytest.fixture
-def harness(monkeypatch, tmp_path, upstream):
+def harness(request, monkeypatch, tmp_path, upstream):
     monkeypatch.setattr(BaseClient, "_make_api_call", _serialized(BaseClient._make_api_call))
     monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_transactions.transact_write_items)
+    # moto refuses what DynamoDB and SQS refuse, as in the local stack
+    aws_limits.install()
+    request.addfinalizer(aws_limits.uninstall)
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
