@@ -31,15 +31,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from freeinference_batch.local.handlers import LOCAL_ACCOUNT_ID, FunctionSpec, LambdaContext
+from freeinference_batch.local.handlers import (
+    LAMBDA_INVOKE_PAYLOAD_BYTES,
+    LOCAL_ACCOUNT_ID,
+    FunctionSpec,
+    LambdaContext,
+    invoke_payload_bytes,
+)
 
 log = logging.getLogger(__name__)
 
 # HTTP API's payload quota: 10 MB, measured on the request body as received.
 MAX_BODY_BYTES = 10 * 1024 * 1024
-# Lambda's synchronous invocation payload, request and response alike (6 MB in the quotas page;
-# Lambda's own refusal says "Request must be smaller than 6291456 bytes").
-LAMBDA_INVOKE_PAYLOAD_BYTES = 6 * 1024 * 1024
 # HTTP API's integration timeout: at most 30 s (REST APIs: 29 s).
 INTEGRATION_TIMEOUT_SECONDS = 30.0
 API_ID = "local"
@@ -244,15 +247,6 @@ def http_response(result: Any) -> tuple[int, list[tuple[str, str]], bytes]:
 
 
 GatewayAnswer = tuple[int, list[tuple[str, str]], bytes]
-
-
-def invoke_payload_bytes(payload: Any) -> int:
-    """The size Lambda measures for an invoke payload: the JSON text of an event or of a result.
-
-    Serialized as the Python runtime does (`json.dumps`, so ASCII-escaped, with its default
-    separators): the larger of the plausible encodings, so that what passes here passes on AWS.
-    """
-    return len(json.dumps(payload, default=str).encode("utf-8"))
 
 
 def refuse_oversized_body(body_length: int, max_body_bytes: int = MAX_BODY_BYTES) -> GatewayAnswer | None:
