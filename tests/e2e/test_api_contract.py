@@ -149,11 +149,12 @@ def test_bad_requests_and_documents_are_400_and_change_nothing(owner):
     assert owner.get("/batches?limit=100").json()["data"] == before
 
 
-def test_body_over_32_mib_is_413_plain_or_gzipped(owner):
+def test_body_over_32_mib_decompressed_is_413(owner):
+    # Sent gzipped: plain, a body this big never gets past API Gateway's 10 MB and Lambda's 6 MB
+    # (tests/e2e/test_local_stack.py shows the local stack refusing it as they do).
     before = owner.get("/batches?limit=100").json()["data"]
     filler = b'{"requests": [], "pad": "' + b"x" * (32 * MIB) + b'"}'
     assert len(filler) > 32 * MIB
-    expect_error(owner.post("/batches", data=filler, headers={"Content-Type": "application/json"}), 413, "limit")
     packed = gzip.compress(filler)
     assert len(packed) < MIB  # small on the wire: the limit applies decompressed
     answer = owner.post("/batches", data=packed, headers={"Content-Type": "application/json",

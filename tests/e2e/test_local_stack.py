@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 
@@ -32,6 +33,29 @@ def test_dev_key_lists_batches(api):
 def test_unknown_route_is_api_gateway_404(api):
     answer = api.get("/nothing-here")
     assert answer.status_code == 404 and answer.json() == {"message": "Not Found"}
+
+
+def test_a_plain_7_mb_create_is_refused_as_lambda_refuses_it_and_the_same_gzipped_is_accepted(stack):
+    # Given a valid 7 MB batch: under API Gateway's 10 MB, over Lambda's 6 MB invoke payload
+    api = stack.api(stack.create_key("e2e-payload-limits", tier="internal"))
+    document = json.dumps({"requests": [
+        {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": f"{i} " + "x" * 1000}]}}
+        for i in range(6100)
+    ]}).encode()  # fmt: skip
+    assert 7_000_000 < len(document) < 10_485_760
+    # When it is sent plain, then the gateway answers as AWS does when Lambda refuses the invoke
+    plain = api.post("/batches", data=document, headers={"Content-Type": "application/json"})
+    assert plain.status_code == 413, plain.text[:300]
+    assert plain.json() == {"message": "Request Entity Too Large"}
+    assert api.get("/batches").json()["data"] == []
+    # When the same batch is sent gzipped, then it is created
+    packed = api.post("/batches", data=gzip.compress(document),
+                      headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})  # fmt: skip
+    assert packed.status_code == 200, packed.text[:300]
+    assert packed.json()["request_counts"]["total"] == 6100
+    # (cancelled at once: the other tests share this stack's workers)
+    assert api.post(f"/batches/{packed.json()['id']}/cancel").status_code == 200
 
 
 def test_state_file_describes_the_running_stack(stack):

@@ -13,8 +13,8 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, clock
-from freeinference_batch.local import moto_transactions
-from freeinference_batch.local.apigw import build_event
+from freeinference_batch.local import aws_limits, moto_transactions
+from freeinference_batch.local.apigw import build_event, invoke_integration, refuse_oversized_body
 from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
 from freeinference_batch.local.pollers import failed_message_ids, sqs_record
 from freeinference_batch.local.stack import TemplateResources, template_environment
@@ -63,11 +63,21 @@ class Harness:
         if key is not False:
             all_headers.setdefault("authorization", f"Bearer {key or self.key}")
         payload = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        route, params = _route(method, path.partition("?")[0])
-        event = build_event(method=method, target=path, headers=list(all_headers.items()), body=payload,
-                            route_key=route, path_parameters=params)
-        answer = self.api_handler(event, LambdaContext("api", 1769, 29))
-        return answer["statusCode"], json.loads(answer["body"])
+        # Through API Gateway's and Lambda's limits, as the local stack and AWS would: a body
+        # over 10 MB, an event or a response over 6 MB, a handler over 30 s never reach a test
+        # as the handler's own answer.
+        refused = refuse_oversized_body(len(payload or b""))
+        if refused is None:
+            route, params = _route(method, path.partition("?")[0])
+            event = build_event(method=method, target=path, headers=list(all_headers.items()), body=payload,
+                                route_key=route, path_parameters=params)
+            status, _, answer = invoke_integration(self.api_handler, event, LambdaContext("api", 1769, 29))
+        else:
+            status, _, answer = refused
+        try:
+            return status, json.loads(answer)
+        except ValueError:
+            return status, answer.decode("utf-8", "replace")
 
     def create(self, requests: list[dict], **extra: Any) -> dict:
         status, body = self.call("POST", "/v1/batches", {"requests": requests, **extra})
@@ -167,9 +177,12 @@ def _serialized(call):
 
 
 @pytest.fixture
-def harness(monkeypatch, tmp_path, upstream):
+def harness(request, monkeypatch, tmp_path, upstream):
     monkeypatch.setattr(BaseClient, "_make_api_call", _serialized(BaseClient._make_api_call))
     monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_transactions.transact_write_items)
+    # moto refuses what DynamoDB and SQS refuse, as in the local stack
+    aws_limits.install()
+    request.addfinalizer(aws_limits.uninstall)
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

@@ -6,16 +6,23 @@ import base64
 import gzip
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import requests
 from freeinference_batch.local.apigw import (
+    INTEGRATION_TIMEOUT_SECONDS,
+    LAMBDA_INVOKE_PAYLOAD_BYTES,
+    MAX_BODY_BYTES,
     ApiGatewayServer,
     Route,
     build_event,
     http_response,
+    invoke_integration,
+    invoke_payload_bytes,
+    refuse_oversized_body,
     routes_from_functions,
     select_route,
 )
@@ -284,44 +291,136 @@ def test_body_over_the_limit_is_413_and_the_handler_never_runs(serve):
     assert requests.post(f"{base}/v1/batches", data=b"x" * 1024, timeout=5).status_code == 200
 
 
-def test_over_64_mib_is_refused_without_reading_the_body(serve):
-    # Given the default limit (64 MiB) and a client that announces 65 MiB but sends nothing
+def test_over_10_mb_is_refused_without_reading_the_body(serve):
+    # Given the default limit (HTTP API's 10 MB) and a client that announces one byte more but
+    # sends nothing
     handler = Recorder()
     base = serve(batch_routes(handler))
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as connection:
         connection.sendall(
             b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {65 * 1024 * 1024}\r\nExpect: 100-continue\r\n\r\n".encode()
+            + f"Content-Length: {MAX_BODY_BYTES + 1}\r\nExpect: 100-continue\r\n\r\n".encode()
         )
         # Then the answer comes at once, before any body byte was sent
         head = connection.recv(4096).decode()
+    assert MAX_BODY_BYTES == 10_485_760
     assert head.startswith("HTTP/1.1 413")
+    assert head.endswith('{"message":"Request Entity Too Large"}')
     assert handler.events == []
 
 
-def test_32_mib_plain_body_is_accepted(serve):
-    # The design's local limit is 32 MiB plain (API Gateway's 10 MB is not enforced locally).
-    handler = Recorder(lambda event: {"statusCode": 200, "body": str(len(event["body"]))})
+def test_the_gateway_limit_is_10_mb_of_body():
+    assert refuse_oversized_body(MAX_BODY_BYTES) is None
+    status, _, body = refuse_oversized_body(MAX_BODY_BYTES + 1)
+    assert (status, json.loads(body)) == (413, {"message": "Request Entity Too Large"})
+
+
+def test_a_plain_7_mb_body_is_refused_as_lambda_refuses_the_invoke(serve):
+    # Given a 7 MB create body: under HTTP API's 10 MB, over Lambda's 6 MB invoke payload
+    handler = Recorder()
     base = serve(batch_routes(handler))
-    answer = requests.post(f"{base}/v1/batches", data=b"a" * (32 * 1024 * 1024), timeout=30)
-    assert answer.status_code == 200 and answer.text == str(32 * 1024 * 1024)
+    body = json.dumps({"requests": ["x" * 1000] * 7000}).encode()
+    assert 7_000_000 < len(body) < MAX_BODY_BYTES
+    # When it is sent plain
+    answer = requests.post(f"{base}/v1/batches", data=body, timeout=30)
+    # Then it is a 413 and the handler never ran
+    assert answer.status_code == 413 and answer.json() == {"message": "Request Entity Too Large"}
+    assert handler.events == []
+    # And the same body gzipped (base64 in the event, far under 6 MB) reaches the handler
+    gzipped = requests.post(
+        f"{base}/v1/batches", data=gzip.compress(body), headers={"Content-Encoding": "gzip"}, timeout=30
+    )
+    assert gzipped.status_code == 200
+    assert gzip.decompress(base64.b64decode(handler.events[0]["body"])) == body
 
 
-def test_overhead_for_a_10_mib_create_is_small(serve):
+def test_an_event_is_measured_as_its_json_up_to_6_mb():
+    # The event {"body": "aaa..."} serializes to its body plus 12 bytes of JSON around it.
+    handler = Recorder()
+    overhead = invoke_payload_bytes({"body": ""})
+    just_under = {"body": "a" * (LAMBDA_INVOKE_PAYLOAD_BYTES - overhead)}
+    just_over = {"body": "a" * (LAMBDA_INVOKE_PAYLOAD_BYTES - overhead + 1)}
+    assert LAMBDA_INVOKE_PAYLOAD_BYTES == 6_291_456
+    assert invoke_integration(handler, just_under, None)[0] == 200
+    status, _, body = invoke_integration(handler, just_over, None)
+    assert (status, json.loads(body)) == (413, {"message": "Request Entity Too Large"})
+    assert len(handler.events) == 1
+
+
+def test_a_response_over_6_mb_is_500_internal_server_error():
+    # A response is measured as the Python runtime serializes it (json.dumps, ASCII-escaped).
+    overhead = invoke_payload_bytes({"statusCode": 200, "body": ""})
+    fits = LAMBDA_INVOKE_PAYLOAD_BYTES - overhead
+    status, _, body = invoke_integration(Recorder({"statusCode": 200, "body": "a" * fits}), {}, None)
+    assert status == 200 and len(body) == fits
+    status, _, body = invoke_integration(Recorder({"statusCode": 200, "body": "a" * (fits + 1)}), {}, None)
+    assert (status, json.loads(body)) == (500, {"message": "Internal Server Error"})
+    # "é" is 6 bytes once escaped: what fits in UTF-8 may not fit as the runtime sends it
+    status, _, _ = invoke_integration(Recorder({"statusCode": 200, "body": "é" * (fits // 2)}), {}, None)
+    assert status == 500
+
+
+def test_a_response_over_6_mb_over_http_is_500(serve):
+    base = serve(batch_routes(Recorder({"statusCode": 200, "body": "a" * LAMBDA_INVOKE_PAYLOAD_BYTES})))
+    answer = requests.get(f"{base}/v1/batches", timeout=30)
+    assert answer.status_code == 500 and answer.json() == {"message": "Internal Server Error"}
+
+
+def test_a_handler_slower_than_the_integration_timeout_is_503(serve):
+    # Given a gateway with a short integration timeout and a handler that waits to be released
+    release = threading.Event()
+    finished = threading.Event()
+
+    def slow(event, context):
+        release.wait(30)
+        finished.set()
+        return {"statusCode": 200, "body": "late"}
+
+    base = serve(batch_routes(slow), integration_timeout_seconds=0.3)
+    try:
+        # When a client calls it
+        started = time.monotonic()
+        answer = requests.get(f"{base}/v1/batches", timeout=10)
+        elapsed = time.monotonic() - started
+        # Then the gateway answers 503 after the timeout, while the handler is still running
+        assert answer.status_code == 503 and answer.json() == {"message": "Service Unavailable"}
+        assert 0.3 <= elapsed < 5
+        assert not finished.is_set()
+    finally:
+        release.set()
+    # The handler ran on, as the Lambda invocation would
+    assert finished.wait(5)
+
+
+def test_the_integration_timeout_is_30_seconds_by_default():
+    server = ApiGatewayServer([], port=0)
+    try:
+        assert server.integration_timeout_seconds == INTEGRATION_TIMEOUT_SECONDS == 30
+        assert server.max_body_bytes == MAX_BODY_BYTES
+    finally:
+        server.server_close()
+
+
+def test_an_invalid_2_0_response_is_500():
+    status, _, body = invoke_integration(Recorder({"statusCode": 999}), {}, None)
+    assert (status, json.loads(body)) == (500, {"message": "Internal Server Error"})
+
+
+def test_overhead_for_a_5_mib_create_is_small(serve):
     # Given a handler that does nothing
     handler = Recorder(lambda event: {"statusCode": 200, "body": "{}"})
     base = serve(batch_routes(handler))
-    body = json.dumps({"requests": ["x" * 1000] * (10 * 1024)}).encode()
+    body = json.dumps({"requests": ["x" * 1000] * (5 * 1024)}).encode()
     session = requests.Session()
     session.post(f"{base}/v1/batches", data=b"{}", timeout=5)  # connect
-    # When a 10 MiB body goes through the emulator
+    # When a 5 MiB body (under Lambda's 6 MB once in the event) goes through the emulator
     started = time.perf_counter()
     answer = session.post(f"{base}/v1/batches", data=body, timeout=10)
     elapsed = time.perf_counter() - started
-    # Then the emulation costs well under a second
+    # Then the emulation, limit checks included, costs well under a second
     assert answer.status_code == 200 and len(handler.events[-1]["body"]) == len(body)
-    assert elapsed < 0.5, f"{elapsed:.3f} s for 10 MiB"
+    assert elapsed < 0.5, f"{elapsed:.3f} s for 5 MiB"
 
 
 def test_keep_alive_connection_serves_several_requests(serve):

@@ -9,8 +9,15 @@ import uuid
 
 import boto3
 import pytest
+from freeinference_batch.local.handlers import LAMBDA_INVOKE_PAYLOAD_BYTES, invoke_payload_bytes
 from freeinference_batch.local.moto_server import MotoServer
-from freeinference_batch.local.pollers import QueuePoller, ScheduleTimer, failed_message_ids, sqs_record
+from freeinference_batch.local.pollers import (
+    QueuePoller,
+    ScheduleTimer,
+    failed_message_ids,
+    records_within_invoke_payload,
+    sqs_record,
+)
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +249,85 @@ def test_pause_stops_receiving_and_resume_continues(sqs, queue, pollers):
     assert seen == [] and messages_left(sqs, url) == 2
     poller.resume()
     wait_for(lambda: len(seen) == 2, what="the messages after resume")
+
+
+def in_flight(sqs, url) -> int:
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"])
+    return int(attributes["Attributes"]["ApproximateNumberOfMessagesNotVisible"])
+
+
+def test_a_batching_window_gathers_messages_sent_after_the_first_receive(sqs, queue, pollers):
+    # Given a mapping with a batch of 7 and a long window, and 3 messages
+    url, _ = queue
+    events = []
+    send(sqs, url, ["a", "b", "c"])
+    start_poller(pollers, sqs, queue, lambda event, context: events.append(event), batch_size=7,
+                 max_batching_window=20, idle_sleep=0.02)
+    # When 4 more arrive once the poller holds the first 3
+    wait_for(lambda: in_flight(sqs, url) == 3, what="the first receive")
+    assert events == []  # the window is open and the batch not full: nothing invoked yet
+    send(sqs, url, ["d", "e", "f", "g"])
+    # Then one invocation carries all 7, as soon as the batch is full (not at the window's end)
+    wait_for(lambda: events, timeout=10, what="the invocation")
+    assert sorted(record["body"] for record in events[0]["Records"]) == list("abcdefg")
+
+
+def test_a_batching_window_invokes_what_it_has_when_it_ends(sqs, queue, pollers):
+    # Given a window of 0.5 s and a batch size it will not reach
+    url, _ = queue
+    invoked_at = []
+    sent_at = time.monotonic()
+    send(sqs, url, ["a", "b"])
+    start_poller(pollers, sqs, queue, lambda event, context: invoked_at.append((time.monotonic(), event)),
+                 batch_size=10, max_batching_window=0.5, idle_sleep=0.02)
+    wait_for(lambda: invoked_at, what="the invocation")
+    # Then it waited the window out, and invoked with the two it had
+    at, event = invoked_at[0]
+    assert at - sent_at >= 0.5
+    assert len(event["Records"]) == 2
+
+
+def test_without_a_window_a_batch_is_at_most_10_and_invoked_at_once():
+    poller = QueuePoller(name="p", sqs=None, queue_url="u", queue_arn="a", handler=print, batch_size=50)
+    assert poller.batch_size == 10 and poller.max_batching_window == 0
+    windowed = QueuePoller(name="p", sqs=None, queue_url="u", queue_arn="a", handler=print, batch_size=50,
+                           max_batching_window=1)
+    assert windowed.batch_size == 50
+
+
+def test_an_event_never_exceeds_the_6_mb_invoke_payload(sqs, queue, pollers):
+    # Given 30 messages of 250 KB (7.5 MB) and a mapping whose batch could take them all
+    url, _ = queue
+    for start in range(0, 30, 1):
+        sqs.send_message(QueueUrl=url, MessageBody=f"{start:03d}" + "x" * (250_000 - 3))
+    events = []
+    lock = threading.Lock()
+
+    def handler(event, context):
+        with lock:
+            events.append(event)
+
+    poller = start_poller(pollers, sqs, queue, handler, batch_size=30, max_batching_window=2, idle_sleep=0.02)
+    # When every message has been delivered
+    wait_for(lambda: sum(len(event["Records"]) for event in events) >= 30, timeout=30, what="all messages")
+    poller.pause()
+    assert poller.wait_idle(5)
+    # Then no event was over 6 MB, so they took more than one invocation, and none was lost
+    assert all(invoke_payload_bytes(event) <= LAMBDA_INVOKE_PAYLOAD_BYTES for event in events)
+    assert len(events) >= 2
+    assert sorted(record["body"][:3] for event in events for record in event["Records"]) == [
+        f"{i:03d}" for i in range(30)
+    ]
+    assert poller.stats()["released_over_payload"] >= 1
+    assert messages_left(sqs, url) == 0
+
+
+def test_records_within_invoke_payload_counts_the_event_json():
+    record = {"body": "x" * 1_000_000}
+    assert records_within_invoke_payload([record] * 6) == 6
+    assert records_within_invoke_payload([record] * 7) == 6
+    # A record bigger than the whole payload still goes alone (SQS cannot hold such a message)
+    assert records_within_invoke_payload([{"body": "x" * 7_000_000}]) == 1
 
 
 def test_sqs_record_without_attributes():

@@ -6,9 +6,12 @@ out, comma-joined duplicate query parameters, path parameters, binary bodies (he
 or not UTF-8) passed as base64, `{"message":"Internal Server Error"}` when the handler fails,
 and the 2.0 response rules (a dict with `statusCode`, or any other value as a 200 JSON body).
 
-What it does not: the 10 MB payload limit (the local stack takes 32 MiB plain bodies, see
-DESIGN.md; only bodies over `max_body_bytes`, 64 MiB, are refused with 413 before reading),
-the 30 s integration timeout, authorizers, CORS, throttling.
+It refuses what AWS refuses, as AWS answers it (see `invoke_integration`): a body over HTTP API's
+10 MB is a 413 before the body is read; an event over Lambda's 6 MB invoke payload is a 413 and
+the handler never runs; a handler response over 6 MB is a 500; a handler still running after
+the 30 s integration timeout is a 503 (its thread runs on, as the Lambda would).
+
+What it does not emulate: authorizers, CORS, throttling, the custom domain and stages.
 """
 
 from __future__ import annotations
@@ -28,15 +31,31 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from freeinference_batch.local.handlers import LOCAL_ACCOUNT_ID, FunctionSpec, LambdaContext
+from freeinference_batch.local.handlers import (
+    LAMBDA_INVOKE_PAYLOAD_BYTES,
+    LOCAL_ACCOUNT_ID,
+    FunctionSpec,
+    LambdaContext,
+    invoke_payload_bytes,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+# HTTP API's payload quota: 10 MB, measured on the request body as received.
+MAX_BODY_BYTES = 10 * 1024 * 1024
+# HTTP API's integration timeout: at most 30 s (REST APIs: 29 s).
+INTEGRATION_TIMEOUT_SECONDS = 30.0
 API_ID = "local"
 _NOT_FOUND = b'{"message":"Not Found"}'
 _INTERNAL_ERROR = b'{"message":"Internal Server Error"}'
+# HTTP API answers its own errors as {"message": <the status's reason phrase>}. For a body over
+# 10 MB and for an event Lambda refuses as too large (Lambda's RequestEntityTooLargeException,
+# HTTP 413) the status is 413; AWS's exact body for HTTP APIs is not documented (REST APIs were
+# seen answering {"message": "Request Too Long"}), so this is the reason phrase, as for the others.
 _TOO_LARGE = b'{"message":"Request Entity Too Large"}'
+# HTTP API answers an integration that outlives its timeout with 503 (REST APIs: 504).
+_TIMED_OUT = b'{"message":"Service Unavailable"}'
+_JSON = ("Content-Type", "application/json")
 _TEXT_ENCODINGS = {"", "identity"}
 # Drained after a 413 so the client can read the answer instead of a reset (bounded, then close).
 _DRAIN_LIMIT = 1024 * 1024 * 1024
@@ -227,6 +246,70 @@ def http_response(result: Any) -> tuple[int, list[tuple[str, str]], bytes]:
     return 200, [("Content-Type", "application/json")], payload
 
 
+GatewayAnswer = tuple[int, list[tuple[str, str]], bytes]
+
+
+def refuse_oversized_body(body_length: int, max_body_bytes: int = MAX_BODY_BYTES) -> GatewayAnswer | None:
+    """HTTP API's answer to a body over its payload quota, or None if the body may pass."""
+    if body_length > max_body_bytes:
+        return 413, [_JSON], _TOO_LARGE
+    return None
+
+
+def invoke_integration(
+    handler: Callable[[dict, Any], Any],
+    event: dict[str, Any],
+    context: Any,
+    *,
+    timeout_seconds: float = INTEGRATION_TIMEOUT_SECONDS,
+) -> GatewayAnswer:
+    """Invoke a Lambda integration as HTTP API does, with Lambda's and HTTP API's limits.
+
+    - the event over Lambda's invoke payload: Lambda refuses the invoke (413), the handler never
+      runs, and the client gets 413 `{"message":"Request Entity Too Large"}`;
+    - the handler raises, or answers something that is not a valid 2.0 response, or answers
+      more than the invoke payload allows (Lambda's `Function.ResponseSizeTooLarge`): HTTP API
+      answers 500 `{"message":"Internal Server Error"}`;
+    - the handler has not answered after `timeout_seconds`: 503 `{"message":"Service
+      Unavailable"}`; the handler's thread runs on, as the Lambda invocation would.
+    """
+    request_bytes = invoke_payload_bytes(event)
+    if request_bytes > LAMBDA_INVOKE_PAYLOAD_BYTES:
+        log.warning("event of %d bytes is over Lambda's invoke payload: 413, the handler did not run", request_bytes)
+        return 413, [_JSON], _TOO_LARGE
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["result"] = handler(event, context)
+        except Exception as error:  # whatever the handler raises, the client gets a 500
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    # A daemon thread, not an executor: a handler that never returns must not keep the
+    # process from exiting.
+    threading.Thread(target=run, name="api-invocation", daemon=True).start()
+    if not done.wait(timeout_seconds):
+        log.error("the handler did not answer within the %.1f s integration timeout: 503", timeout_seconds)
+        return 503, [_JSON], _TIMED_OUT
+    if "error" in outcome:
+        error = outcome["error"]
+        log.error("the handler failed: 500", exc_info=(type(error), error, error.__traceback__))
+        return 500, [_JSON], _INTERNAL_ERROR
+    result = outcome["result"]
+    response_bytes = invoke_payload_bytes(result)
+    if response_bytes > LAMBDA_INVOKE_PAYLOAD_BYTES:
+        log.error("the handler's response of %d bytes is over Lambda's invoke payload: 500", response_bytes)
+        return 500, [_JSON], _INTERNAL_ERROR
+    try:
+        return http_response(result)
+    except (ValueError, TypeError):
+        log.exception("the handler's response is not a valid payload 2.0 response: 500")
+        return 500, [_JSON], _INTERNAL_ERROR
+
+
 def _header_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ",".join(str(item) for item in value)
@@ -308,13 +391,10 @@ class ApiGatewayHandler(BaseHTTPRequestHandler):
             protocol=self.request_version,
             domain_name=host,
         )
-        try:
-            result = route.handler(event, route.context_factory())
-            status, headers, payload = http_response(result)
-        except Exception:
-            log.exception("%s %s: the handler failed", self.command, self.path)
-            status, headers, payload = 500, [("Content-Type", "application/json")], _INTERNAL_ERROR
-        headers.append(("apigw-requestid", event["requestContext"]["requestId"]))
+        status, headers, payload = invoke_integration(
+            route.handler, event, route.context_factory(), timeout_seconds=self.server.integration_timeout_seconds
+        )
+        headers = [*headers, ("apigw-requestid", event["requestContext"]["requestId"])]
         self._send(status, headers, payload)
         self._log(status, started)
 
@@ -341,7 +421,7 @@ class ApiGatewayHandler(BaseHTTPRequestHandler):
 
     def _refuse_too_large(self, *, drain: bool) -> None:
         self.close_connection = True
-        self._send(413, [("Content-Type", "application/json"), ("Connection", "close")], _TOO_LARGE)
+        self._send(413, [_JSON, ("Connection", "close")], _TOO_LARGE)
         if drain:
             # Read (and drop) what the client is still sending, so it gets to read the 413.
             remaining = min(self._declared_length(), _DRAIN_LIMIT)
@@ -391,9 +471,11 @@ class ApiGatewayServer(ThreadingHTTPServer):
         host: str = "127.0.0.1",
         port: int = 8080,
         max_body_bytes: int = MAX_BODY_BYTES,
+        integration_timeout_seconds: float = INTEGRATION_TIMEOUT_SECONDS,
     ) -> None:
         self.routes = routes
         self.max_body_bytes = max_body_bytes
+        self.integration_timeout_seconds = integration_timeout_seconds
         super().__init__((host, port), ApiGatewayHandler)
         self._thread: threading.Thread | None = None
 
@@ -417,11 +499,16 @@ class ApiGatewayServer(ThreadingHTTPServer):
 
 
 __all__ = [
+    "INTEGRATION_TIMEOUT_SECONDS",
+    "LAMBDA_INVOKE_PAYLOAD_BYTES",
     "MAX_BODY_BYTES",
     "ApiGatewayServer",
     "Route",
     "build_event",
     "http_response",
+    "invoke_integration",
+    "invoke_payload_bytes",
+    "refuse_oversized_body",
     "routes_from_functions",
     "select_route",
 ]

@@ -7,6 +7,7 @@ api and the worker collide; each file is loaded by path under its own module nam
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import threading
@@ -24,9 +25,22 @@ REPO_ROOT_ENV = "FREEINFERENCE_REPO_ROOT"
 LOCAL_REGION = "us-east-1"
 LOCAL_ACCOUNT_ID = "123456789012"
 LOCAL_STACK_NAME = "freeinference-batch-local"
+# Lambda's synchronous invocation payload, request and response alike (6 MB in the quotas page;
+# Lambda's own refusal says "Request must be smaller than 6291456 bytes"). API Gateway's events
+# and the SQS event source mapping's events are synchronous invocations.
+LAMBDA_INVOKE_PAYLOAD_BYTES = 6 * 1024 * 1024
 
 _modules: dict[Path, ModuleType] = {}
 _modules_lock = threading.Lock()
+
+
+def invoke_payload_bytes(payload: Any) -> int:
+    """The size Lambda measures for an invoke payload: the JSON text of an event or of a result.
+
+    Serialized as the Python runtime does (`json.dumps`, so ASCII-escaped, with its default
+    separators): the larger of the plausible encodings, so that what passes here passes on AWS.
+    """
+    return len(json.dumps(payload, default=str).encode("utf-8"))
 
 
 def repo_root() -> Path:

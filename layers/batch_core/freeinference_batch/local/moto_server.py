@@ -95,9 +95,10 @@ class MotoServer:
         )
         from werkzeug.serving import make_server
 
-        from freeinference_batch.local import moto_transactions
+        from freeinference_batch.local import aws_limits, moto_transactions
 
         moto_transactions.install()  # O(items touched) transactions instead of O(table size)
+        aws_limits.install()  # refuse what DynamoDB and SQS refuse and moto does not
 
         # werkzeug logs every request at INFO; the local stack's own logs are what matter.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)

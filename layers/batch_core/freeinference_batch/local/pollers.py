@@ -6,10 +6,16 @@ invocations at once (it stops receiving while all are busy), and deletes every r
 invocation did not report in `batchItemFailures`; an invocation that raises deletes nothing, so
 its messages come back after the visibility timeout, as on AWS.
 
+As Lambda does, it gathers a batch for at most the mapping's `MaximumBatchingWindowInSeconds`
+(0 or absent: it invokes at once with what one receive got; with a window, `BatchSize` may go
+up to 10,000 and it receives again until the batch is full or the window is over), and it never
+builds an event over Lambda's 6 MB invoke payload: the messages that do not fit are made visible
+again at once (Lambda keeps them for its next batch; here they are received again, so their
+receive count goes up by one).
+
 Polls never wait (`WaitTimeSeconds=0`): every moto request holds the moto server's one lock, so
 a long poll would stall every other AWS call of the stack. An empty receive sleeps a few tens of
-milliseconds instead. Lambda's `MaximumBatchingWindowInSeconds` is not emulated: a receive is
-invoked at once with what it got (lower latency locally, same semantics).
+milliseconds instead.
 
 `ScheduleTimer` calls a schedule handler every `interval` seconds with an EventBridge
 "Scheduled Event"; a failing run is logged and the next tick comes anyway.
@@ -27,7 +33,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from freeinference_batch.local.handlers import LOCAL_ACCOUNT_ID, LOCAL_REGION, LambdaContext
+from freeinference_batch.local.handlers import (
+    LAMBDA_INVOKE_PAYLOAD_BYTES,
+    LOCAL_ACCOUNT_ID,
+    LOCAL_REGION,
+    LambdaContext,
+    invoke_payload_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +47,12 @@ log = logging.getLogger(__name__)
 # (see QueuePoller.wake), which is what SQS long polling gives a Lambda event source mapping.
 IDLE_SLEEP_SECONDS = 0.25
 ERROR_SLEEP_SECONDS = 0.5
+# One ReceiveMessage returns at most 10 messages; Lambda's SQS batch may be bigger with a window.
+RECEIVE_MAX_MESSAGES = 10
+MAX_BATCH_SIZE_WITH_WINDOW = 10_000
+# The JSON around the records of an SQS event: {"Records": [...]}, and ", " between records.
+_EVENT_ENVELOPE_BYTES = invoke_payload_bytes({"Records": []})
+_RECORD_SEPARATOR_BYTES = len(", ")
 
 
 def sqs_record(message: dict[str, Any], queue_arn: str, region: str = LOCAL_REGION) -> dict[str, Any]:
@@ -72,6 +90,17 @@ def _b64(value: bytes | str) -> str:
     return base64.b64encode(value if isinstance(value, bytes) else value.encode()).decode("ascii")
 
 
+def records_within_invoke_payload(records: list[dict[str, Any]]) -> int:
+    """How many of `records`, from the first, make an SQS event within Lambda's invoke payload
+    (at least one: a single message is far under it, SQS's own limit is 1 MiB)."""
+    size = _EVENT_ENVELOPE_BYTES
+    for count, record in enumerate(records):
+        size += invoke_payload_bytes(record) + (_RECORD_SEPARATOR_BYTES if count else 0)
+        if size > LAMBDA_INVOKE_PAYLOAD_BYTES:
+            return max(count, 1)
+    return len(records)
+
+
 def failed_message_ids(response: Any, message_ids: list[str]) -> set[str] | None:
     """The message ids a `ReportBatchItemFailures` answer keeps, or None if the whole batch failed.
 
@@ -105,6 +134,7 @@ class QueuePoller:
         queue_arn: str,
         handler: Callable[[dict, Any], Any],
         batch_size: int = 10,
+        max_batching_window: float = 0.0,
         max_concurrency: int = 2,
         report_batch_item_failures: bool = True,
         context_factory: Callable[[], Any] | None = None,
@@ -116,7 +146,10 @@ class QueuePoller:
         self.queue_url = queue_url
         self.queue_arn = queue_arn
         self.handler = handler
-        self.batch_size = max(1, min(int(batch_size), 10))
+        self.max_batching_window = max(0.0, float(max_batching_window))
+        # Lambda takes a BatchSize over 10 only with a batching window.
+        ceiling = MAX_BATCH_SIZE_WITH_WINDOW if self.max_batching_window > 0 else RECEIVE_MAX_MESSAGES
+        self.batch_size = max(1, min(int(batch_size), ceiling))
         self.max_concurrency = max(1, int(max_concurrency))
         self.report_batch_item_failures = report_batch_item_failures
         self.context_factory = context_factory or (lambda: LambdaContext(name, 128, 60))
@@ -140,6 +173,7 @@ class QueuePoller:
                 "messages",
                 "deleted",
                 "reported_failures",
+                "released_over_payload",
             ),
             0,
         )
@@ -196,6 +230,7 @@ class QueuePoller:
                 "paused": self.paused,
                 "max_concurrency": self.max_concurrency,
                 "batch_size": self.batch_size,
+                "max_batching_window": self.max_batching_window,
             }
 
     # ---------------------------------------------------------------- loop
@@ -212,7 +247,7 @@ class QueuePoller:
                 self._slots.release()
                 continue
             try:
-                messages = self._receive()
+                messages = self._gather()
             except Exception:
                 self._slots.release()
                 if not self._stop.is_set():
@@ -224,18 +259,60 @@ class QueuePoller:
                 self._wake.wait(self.idle_sleep)
                 self._wake.clear()
                 continue
+            records = [sqs_record(message, self.queue_arn, self.region) for message in messages]
+            fitting = records_within_invoke_payload(records)
+            if fitting < len(records):
+                try:
+                    self._release(records[fitting:])
+                except Exception:  # they come back after their visibility timeout instead
+                    log.exception("%s: could not make the messages over the invoke payload visible", self.name)
+                records = records[:fitting]
             with self._lock:
                 self._in_flight += 1
                 self._max_in_flight = max(self._max_in_flight, self._in_flight)
-                self._counts["messages"] += len(messages)
+                self._counts["messages"] += len(records)
             # A daemon thread per invocation (not an executor): a hung invocation must not keep
             # the process from exiting when the stack stops.
-            threading.Thread(target=self._invoke, args=(messages,), name=f"invoke-{self.name}", daemon=True).start()
+            threading.Thread(target=self._invoke, args=(records,), name=f"invoke-{self.name}", daemon=True).start()
 
-    def _receive(self) -> list[dict[str, Any]]:
+    def _gather(self) -> list[dict[str, Any]]:
+        """One batch: what one receive gets, or with a batching window, up to `batch_size`
+        messages received until the window (started by the first message) is over."""
+        messages = self._receive(min(self.batch_size, RECEIVE_MAX_MESSAGES))
+        if not messages or self.max_batching_window <= 0:
+            return messages
+        deadline = time.monotonic() + self.max_batching_window
+        while len(messages) < self.batch_size and not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            more = self._receive(min(self.batch_size - len(messages), RECEIVE_MAX_MESSAGES))
+            if more:
+                messages.extend(more)
+                continue
+            self._wake.wait(min(self.idle_sleep, remaining))
+            self._wake.clear()
+        return messages
+
+    def _release(self, records: list[dict[str, Any]]) -> None:
+        """Make received messages visible again at once: they did not fit in this event."""
+        for start in range(0, len(records), RECEIVE_MAX_MESSAGES):
+            chunk = records[start : start + RECEIVE_MAX_MESSAGES]
+            self.sqs.change_message_visibility_batch(
+                QueueUrl=self.queue_url,
+                Entries=[
+                    {"Id": str(index), "ReceiptHandle": record["receiptHandle"], "VisibilityTimeout": 0}
+                    for index, record in enumerate(chunk)
+                ],
+            )
+        with self._lock:
+            self._counts["released_over_payload"] += len(records)
+        log.info("%s: %d message(s) over the 6 MB invoke payload wait for the next batch", self.name, len(records))
+
+    def _receive(self, max_messages: int) -> list[dict[str, Any]]:
         answer = self.sqs.receive_message(
             QueueUrl=self.queue_url,
-            MaxNumberOfMessages=self.batch_size,
+            MaxNumberOfMessages=max_messages,
             WaitTimeSeconds=0,
             AttributeNames=["All"],
             MessageSystemAttributeNames=["All"],
@@ -248,9 +325,9 @@ class QueuePoller:
                 self._counts["empty_receives"] += 1
         return messages
 
-    def _invoke(self, messages: list[dict[str, Any]]) -> None:
+    def _invoke(self, records: list[dict[str, Any]]) -> None:
         try:
-            event = {"Records": [sqs_record(message, self.queue_arn, self.region) for message in messages]}
+            event = {"Records": records}
             ids = [record["messageId"] for record in event["Records"]]
             with self._lock:
                 self._counts["invocations"] += 1
@@ -262,7 +339,7 @@ class QueuePoller:
                 log.exception(
                     "%s: the worker raised; its %d message(s) return after the visibility timeout",
                     self.name,
-                    len(messages),
+                    len(records),
                 )
                 return
             failed = failed_message_ids(response, ids) if self.report_batch_item_failures else set()

@@ -473,6 +473,7 @@ class LocalStack:
                     queue_arn=arn,
                     handler=spec.handler,
                     batch_size=int(properties.get("BatchSize", 10)),
+                    max_batching_window=float(properties.get("MaximumBatchingWindowInSeconds") or 0),
                     max_concurrency=int(cap),
                     report_batch_item_failures="ReportBatchItemFailures"
                     in (properties.get("FunctionResponseTypes") or ()),
