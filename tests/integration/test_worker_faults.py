@@ -171,7 +171,8 @@ def test_a_worker_holds_a_request_as_bytes_in_memory_bounded_by_its_size(harness
         tracemalloc.stop()
     # Then it was sent whole, and the worker's peak memory stayed a small multiple of the body's size
     assert isinstance(outcome, Done)
-    assert stub.received == [len(b'{"model":"glm-5.3-flash","messages":[' + fragments + b'{"role":"user","content":"hi"}]}')]
+    sent = b'{"model":"glm-5.3-flash","messages":[' + fragments + b'{"role":"user","content":"hi"}]}'
+    assert stub.received == [len(sent)]
     assert peak < 4 * len(body), f"peak {peak / 1e6:.0f} MB for a {len(body) / 1e6:.0f} MB request"
     assert harness.batch(answer["id"])["request_counts"]["completed"] == 1
 
