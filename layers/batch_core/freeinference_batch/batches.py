@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
+import secrets
 import zlib
 from typing import Any
 
@@ -21,7 +21,7 @@ from freeinference_batch.errors import (
 )
 from freeinference_batch.schemas import CREATING, DELETED, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
-from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable
+from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
@@ -31,6 +31,14 @@ CHUNK_ITEM_LIMIT = 350 * 1024
 
 
 # ---- create -----------------------------------------------------------------------------
+
+
+def new_batch_id(now: float) -> str:
+    """`batch_` + the creation time in microseconds (14 hex digits) + 72 random bits (18 hex).
+
+    Time-ordered, so an id alone says where its batch stands in its owner's list (a list cursor
+    keeps working after that batch is deleted); the random part keeps ids unguessable."""
+    return f"batch_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
 
 
 def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
@@ -91,7 +99,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     table = BatchTable(settings)
     now = clock.now(settings.clock_offset_file)
     created_at = int(now)
-    batch_id = f"batch_{uuid.uuid4().hex}"
+    batch_id = new_batch_id(now)
     window = settings.batch_completion_window_seconds
     ttl = created_at + window + settings.batch_retention_seconds + 3 * 86400
     id_base = table.reserve_result_ids(len(requests))
@@ -126,7 +134,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     meta = {
         "pk": f"BATCH#{batch_id}", "sk": "META", "id": batch_id,
         "owner": principal.account_id, "account_id": principal.account_id, "key_hash": principal.key_hash,
-        "created_key": f"{int(now * 1_000_000):017d}#{batch_id}",
+        "created_key": created_key(batch_id),
         "status": "validating", "created_at": created_at, "expires_at": created_at + window,
         "window_seconds": window, "total": len(requests), "completed": 0, "failed": 0, "running": 0,
         "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
@@ -192,11 +200,12 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
     now = clock.now(settings.clock_offset_file)
     start_key = None
     if after:
-        meta = table.get_meta(after) if BATCH_ID.match(after) else None
-        if meta is None or meta.get("account_id") != principal.account_id or "created_key" not in meta:
-            raise BadRequest(f"after must be the id of one of your batches, as in last_id (got {after[:100]!r})",
+        if not BATCH_ID.match(after):
+            raise BadRequest(f"after must be a batch id such as a page's last_id (got {after[:100]!r})",
                              param="after")
-        start_key = table.owner_index_key(meta)
+        # From the id alone, in the caller's own list: the batch may have been deleted or purged
+        # since the previous page, and another account's id gives only a time, never its items.
+        start_key = table.owner_index_start(principal.account_id, after)
     found: list[dict] = []
     while len(found) <= limit:
         page, start_key = table.list_owner(principal.account_id, limit + 1 - len(found), start_key)

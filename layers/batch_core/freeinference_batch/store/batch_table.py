@@ -52,6 +52,13 @@ def batch_pk(batch_id: str) -> str:
     return f"BATCH#{batch_id}"
 
 
+def created_key(batch_id: str) -> str:
+    """The owner index's sort key, derived from the id alone: ids begin with the creation time
+    in microseconds (14 hex digits), so a list cursor needs no stored item."""
+    micros = int(batch_id[6:20], 16)
+    return f"{micros:017d}#{batch_id}"
+
+
 def batch_id_of(item: dict) -> str:
     """The batch id of any item of a batch (index queries answer keys only)."""
     return item["pk"].removeprefix("BATCH#")
@@ -256,9 +263,13 @@ class BatchTable:
         return [metas[b] for b in ids if b in metas], answer.get("LastEvaluatedKey")
 
     @staticmethod
-    def owner_index_key(meta: dict) -> dict:
-        return {"pk": to_attr(meta["pk"]), "sk": to_attr(META), "owner": to_attr(meta["owner"]),
-                "created_key": to_attr(meta["created_key"])}
+    def owner_index_start(account_id: str, batch_id: str) -> dict:
+        """ExclusiveStartKey of the owner index at the place `batch_id` has (or had) in the list
+        of `account_id`: built from the id alone, so it works after that batch was deleted or
+        purged (DynamoDB, and moto, accept a start key whose item does not exist). The owner is
+        always the caller's own account: another account's id only names a time."""
+        return {"pk": to_attr(batch_pk(batch_id)), "sk": to_attr(META), "owner": to_attr(account_id),
+                "created_key": to_attr(created_key(batch_id))}
 
     def due(self, index: str, shard: str, sort_attr: str, before: float) -> list[dict]:
         """Items of a sparse index whose sort attribute is <= `before` (expiry, purge)."""
