@@ -15,16 +15,16 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 
 from freeinference_batch import accounts, batches, results
-from freeinference_batch.errors import ApiError, NotFound
+from freeinference_batch.errors import ApiError, NotFound, ServiceUnavailable
 from freeinference_batch.observability import logger
 from freeinference_batch.settings import get_settings
 
 app = APIGatewayHttpResolver(strip_prefixes=[])
 
 
-def _json(status: int, body: Any) -> Response:
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(status_code=status, content_type="application/json",
-                    body=json.dumps(body, separators=(",", ":")))
+                    body=json.dumps(body, separators=(",", ":")), headers=headers)
 
 
 def _principal() -> accounts.Principal:
@@ -93,6 +93,8 @@ def delete_batch(batch_id: str) -> Response:
 def handle_api_error(error: ApiError) -> Response:
     if error.status >= 500:
         logger.error("api error", extra={"status": error.status, "code": error.code})
+    if isinstance(error, ServiceUnavailable):
+        return _json(error.status, error.body(), {"Retry-After": str(error.retry_after)})
     return _json(error.status, error.body())
 
 

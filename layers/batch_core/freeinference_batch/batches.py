@@ -17,17 +17,21 @@ from freeinference_batch.errors import (
     Forbidden,
     NotFound,
     PayloadTooLarge,
+    ServiceUnavailable,
     TooManyRequests,
 )
+from freeinference_batch.observability import logger
 from freeinference_batch.schemas import CREATING, DELETED, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
-from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
 
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
 # Input chunks: about this much JSON each before compression, and never an item over the limit.
 CHUNK_TARGET_BYTES = 256 * 1024
 CHUNK_ITEM_LIMIT = 350 * 1024
+# Retry-After of a write that conflicted with another one (they last milliseconds).
+BUSY_RETRY_AFTER_SECONDS = 1
 
 
 # ---- create -----------------------------------------------------------------------------
@@ -140,22 +144,57 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
         "lane_widths": lane_widths, "open_shard": OPEN_SHARD, "ttl": ttl,
     }
+    elements = [
+        table.put_meta_element(meta),
+        accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
+    ]
     try:
-        transact([
-            table.put_meta_element(meta),
-            accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
-        ])
-    except TransactionFailed:
+        transact(elements)
+    except TransactionFailed as failure:
         table.purge(batch_id)
+        # Only the counter's condition is the limit. Conflicts with other writes (the counter is
+        # shared with every create, cancel and finish of the account) are a reason to retry.
+        if isinstance(failure, TransactionConflict) or not failure.failed(1):
+            raise _busy("creating the batch") from None
         raise TooManyRequests(
             f"You already have {settings.batch_max_unfinished} unfinished batches, the most allowed; "
             "wait for one to finish (or cancel one) before creating another",
             code="too_many_unfinished_batches",
         ) from None
 
-    # 3. Start the chains. If this is lost, the sweep re-sends when the dispatch leases run out.
-    dispatch.send(settings, first_messages)
+    # 3. Start the chains. The batch is stored: whatever happens now, the answer is 200 (a 5xx
+    #    would make a client retry and create it twice), and the sweep starts what this misses.
+    start_chains(settings, table, meta, first_messages, lane_widths, lanes)
     return views.batch_object(meta)
+
+
+def start_chains(settings: Settings, table: BatchTable, meta: dict, messages: list[RequestMessage],
+                 lane_widths: dict[str, int], lanes: dict[str, list[int]]) -> None:
+    """Send a new batch's first messages; if that fails, mark its chains due for the next sweep.
+
+    The sweep re-sends a chain whose dispatch lease has run out; setting the leases to now makes
+    that the next tick instead of BATCH_DISPATCH_LEASE_SECONDS later. Best effort: if this fails
+    too, the leases set at create still run out and recover the batch."""
+    try:
+        dispatch.send(settings, messages)
+        return
+    except Exception:
+        logger.exception("dispatch failed after the batch was stored; its chains are left to the sweep",
+                         extra={"batch_id": meta["id"]})
+    now = clock.now(settings.clock_offset_file)
+    try:
+        for model, positions in lanes.items():
+            for slot in range(min(lane_widths[model], len(positions))):
+                table.set_lane_lease(meta["id"], model, slot, slot, now)  # only if the chain has not moved
+    except Exception:
+        logger.exception("could not mark the chains due; their dispatch leases will recover them",
+                         extra={"batch_id": meta["id"]})
+
+
+def _busy(doing: str) -> ServiceUnavailable:
+    return ServiceUnavailable(f"Another change to the same data was in progress while {doing}; nothing was "
+                              f"changed. Try again in {BUSY_RETRY_AFTER_SECONDS} second(s)",
+                              retry_after=BUSY_RETRY_AFTER_SECONDS)
 
 
 # ---- read -------------------------------------------------------------------------------
@@ -239,6 +278,8 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             )
             try:
                 transact([element, accounts.unfinished_decrement_update(settings, meta["account_id"])])
+            except TransactionConflict:
+                raise _busy("cancelling the batch") from None
             except TransactionFailed:
                 continue  # a request started meanwhile: look again
         else:
@@ -249,7 +290,8 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             if updated is None:
                 continue
         return views.batch_object(owned_meta(settings, principal, batch_id))
-    raise Conflict("The batch changed while it was being cancelled; try again")
+    # The batch kept changing under us (requests starting and settling): a passing condition.
+    raise _busy("cancelling the batch")
 
 
 def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
@@ -273,6 +315,8 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         elements.append(accounts.unfinished_decrement_update(settings, meta["account_id"]))
     try:
         transact(elements)
+    except TransactionConflict:
+        raise _busy("deleting the batch") from None
     except TransactionFailed:
         raise Conflict(f"Batch {batch_id} changed while it was being deleted (a request may have started); "
                        "cancel it, wait for it to finish, then delete it", code="batch_running") from None

@@ -90,9 +90,16 @@ class TransactionFailed(Exception):
         return index < len(self.codes) and self.codes[index] == "ConditionalCheckFailed"
 
 
+class TransactionConflict(TransactionFailed):
+    """A transaction still cancelled by conflicts with other transactions (or throttling) after
+    `transact`'s retries: no condition failed, so trying again later may succeed. A subclass,
+    so callers that only know TransactionFailed keep treating it as a failed transaction."""
+
+
 def transact(elements: list[dict], *, attempts: int = 6) -> None:
     """TransactWriteItems, retrying transaction conflicts (another transaction on the same item,
-    which DynamoDB reports instead of waiting). Condition failures raise TransactionFailed."""
+    which DynamoDB reports instead of waiting). Condition failures raise TransactionFailed;
+    conflicts that outlast the retries raise TransactionConflict."""
     for attempt in range(attempts):
         try:
             aws.dynamodb().transact_write_items(TransactItems=elements)
@@ -101,8 +108,10 @@ def transact(elements: list[dict], *, attempts: int = 6) -> None:
             if error_code(error) != "TransactionCanceledException":
                 raise
             codes = cancellation_codes(error)
-            if "ConditionalCheckFailed" in codes or attempt == attempts - 1:
+            if "ConditionalCheckFailed" in codes:
                 raise TransactionFailed(codes) from error
+            if attempt == attempts - 1:
+                raise TransactionConflict(codes) from error
             # Only conflicts/throttling: back off with jitter and try again.
             time.sleep(random.uniform(0, 0.02 * 2**attempt))
 
