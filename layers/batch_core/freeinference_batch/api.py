@@ -47,8 +47,13 @@ def _raw_body() -> bytes:
 @app.post("/v1/batches")
 def create_batch() -> Response:
     principal = _principal()
-    headers = app.current_event.headers or {}
-    batch = batches.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"))
+    headers = {name.lower(): value for name, value in (app.current_event.headers or {}).items()}
+    created = batches.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"),
+                                   headers.get("idempotency-key"))
+    batch = created.batch
+    if created.replayed:
+        logger.info("batch create replayed", extra={"batch_id": batch["id"], "account_id": principal.account_id})
+        return _json(200, batch, {"Idempotent-Replayed": "true"})
     logger.info("batch created", extra={"batch_id": batch["id"], "account_id": principal.account_id,
                                         "requests": batch["request_counts"]["total"]})
     return _json(200, batch)

@@ -6,9 +6,10 @@ import json
 import re
 import secrets
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
-from freeinference_batch import accounts, clock, dispatch, lifecycle, validation, views
+from freeinference_batch import accounts, clock, dispatch, idempotency, lifecycle, validation, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.errors import (
@@ -92,12 +93,28 @@ def pack_chunks(requests: list[list[Any]], raw_size: int) -> list[tuple[int, byt
     return out
 
 
-def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None) -> dict:
+@dataclass(frozen=True)
+class Created:
+    """What create answers: the batch object, and whether it is a replay of an earlier create
+    with the same Idempotency-Key (then it is that create's answer, unchanged)."""
+
+    batch: dict
+    replayed: bool = False
+
+
+def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None,
+                 idempotency_key: str | None = None) -> Created:
     catalog = load_catalog(settings.model_catalog_path)
     if not catalog.tier_may_batch(principal.tier):
         raise Forbidden("Batch inference is available to internal accounts only; "
                         f"this key's account tier is {principal.tier!r}")
     raw = decode_body(body, content_encoding, settings.batch_max_body_bytes)
+    key = idempotency.parse(principal.account_id, idempotency_key, raw)
+    if key is not None:
+        # One read answers a retry before any work: no validation, nothing stored.
+        original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))
+        if original is not None:
+            return Created(original, replayed=True)
     requests, metadata = validation.parse_create_body(raw, catalog, principal.tier, settings.batch_max_requests)
 
     table = BatchTable(settings)
@@ -148,10 +165,19 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         table.put_meta_element(meta),
         accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
     ]
+    answer = views.batch_object(meta)
+    if key is not None:
+        # In the same transaction: the batch and its key's record commit together, or neither.
+        elements.append(idempotency.record_element(settings, key, batch_id, answer, now))
     try:
         transact(elements)
     except TransactionFailed as failure:
         table.purge(batch_id)
+        if key is not None and failure.failed(2):
+            # A concurrent create with this key won: its batch is the answer (or 422).
+            original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))
+            if original is not None:
+                return Created(original, replayed=True)
         # Only the counter's condition is the limit. Conflicts with other writes (the counter is
         # shared with every create, cancel and finish of the account) are a reason to retry.
         if isinstance(failure, TransactionConflict) or not failure.failed(1):
@@ -165,7 +191,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     # 3. Start the chains. The batch is stored: whatever happens now, the answer is 200 (a 5xx
     #    would make a client retry and create it twice), and the sweep starts what this misses.
     start_chains(settings, table, meta, first_messages, lane_widths, lanes)
-    return views.batch_object(meta)
+    return Created(answer)
 
 
 def start_chains(settings: Settings, table: BatchTable, meta: dict, messages: list[RequestMessage],

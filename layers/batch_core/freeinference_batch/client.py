@@ -8,10 +8,12 @@
     for line in client.iter_results(batch.id):
         print(line.custom_id, line.status)
 
-Reads (GET) are retried on 429, 5xx and connection errors with exponential backoff and jitter,
-honouring `Retry-After`. Writes (create, cancel, delete) are retried only when the request
+Reads (GET) and creates are retried on 429, 5xx and connection errors with exponential backoff
+and jitter, honouring `Retry-After`: every create carries one `Idempotency-Key` (a uuid4, or
+yours), reused across its retries, so a retried create answers the batch the first attempt
+stored instead of creating another. Cancel and delete are retried only when the request
 certainly never reached the server (the connection could not be opened); a 5xx or a timeout on
-a write is raised, since the write may have happened. Create bodies over 1 MiB are sent gzipped
+them is raised, since the write may have happened. Create bodies over 1 MiB are sent gzipped
 (the server's 32 MiB limit applies to the decompressed body; API Gateway in front of it takes
 10 MB at most on the wire).
 
@@ -28,6 +30,7 @@ import json
 import os
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -329,6 +332,7 @@ class BatchClient:
                 idempotent
                 and response.status_code in RETRY_STATUSES
                 and error.code != "quota_exceeded"  # lasts until 00:00 UTC: no point retrying
+                and error.code != "too_many_unfinished_batches"  # lasts until a batch finishes
                 and (error.retry_after is None or error.retry_after <= MAX_RETRY_AFTER_SECONDS)
             )
             if retryable and attempt < self.max_retries:
@@ -342,17 +346,27 @@ class BatchClient:
 
     # -- endpoints ------------------------------------------------------------------------
 
-    def create(self, requests: Sequence[Mapping[str, Any]], metadata: Mapping[str, str] | None = None) -> Batch:
-        """POST /batches: `requests` are OpenAI batch-input lines ({custom_id, method, url, body})."""
-        return self.create_encoded(encode_create_body(requests, metadata))
+    def create(
+        self,
+        requests: Sequence[Mapping[str, Any]],
+        metadata: Mapping[str, str] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Batch:
+        """POST /batches: `requests` are OpenAI batch-input lines ({custom_id, method, url, body}).
 
-    def create_encoded(self, body: bytes) -> Batch:
+        `idempotency_key` (default: a new uuid4) is sent as Idempotency-Key; pass the same one to
+        a later create of the same job to get its batch back instead of a second one (24 hours)."""
+        return self.create_encoded(encode_create_body(requests, metadata), idempotency_key=idempotency_key)
+
+    def create_encoded(self, body: bytes, *, idempotency_key: str | None = None) -> Batch:
         """POST /batches with a body already encoded (see `encode_create_body`); gzipped when large."""
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         if len(body) > GZIP_THRESHOLD_BYTES:
             body = gzip.compress(body, compresslevel=6)
             headers["Content-Encoding"] = "gzip"
-        return Batch.model_validate(self._request("POST", "/batches", data=body, headers=headers, idempotent=False))
+        # Safe to retry: the key makes the server answer the batch an earlier attempt stored.
+        return Batch.model_validate(self._request("POST", "/batches", data=body, headers=headers, idempotent=True))
 
     def retrieve(self, batch_id: str) -> Batch:
         """GET /batches/{batch_id}."""

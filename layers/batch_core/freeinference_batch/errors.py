@@ -57,6 +57,11 @@ class PayloadTooLarge(ApiError):
     code = "payload_too_large"
 
 
+class UnprocessableEntity(ApiError):
+    status = 422
+    code = "unprocessable_entity"
+
+
 class TooManyRequests(ApiError):
     status = 429
     error_type = "rate_limit_error"
