@@ -9,7 +9,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from freeinference_batch import accounts, clock, dispatch, idempotency, lifecycle, validation, views
+from freeinference_batch import accounts, clock, dispatch, idempotency, lifecycle, pages, validation, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.errors import (
@@ -277,8 +277,18 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
         found.extend(m for m in page if visible_meta(m, principal.account_id, now))
         if not start_key:
             break
-    has_more = len(found) > limit
-    data = [views.batch_object(m) for m in found[:limit]]
+    # At most `limit` batches, and no more than the page's byte budget (a batch object stays far
+    # under it, so a page always carries at least one).
+    data: list[dict] = []
+    budget = pages.Budget(settings.batch_page_budget_bytes)
+    for meta in found[:limit]:
+        batch = views.batch_object(meta)
+        cost = pages.invoke_bytes(batch)
+        if data and not budget.fits(cost):
+            break
+        budget.take(cost)
+        data.append(batch)
+    has_more = len(found) > len(data)
     return Page(data=data, has_more=has_more, first_id=data[0]["id"] if data else None,
                 last_id=data[-1]["id"] if data else None).model_dump(mode="json")
 

@@ -143,7 +143,10 @@ class Batch(_Model):
 class ResultResponse(_Model):
     status_code: int
     request_id: str
-    body: dict[str, Any]
+    # The API gives a body too big for any page as `body: null` plus `body_url`; the client
+    # fetches it, so lines it returns always carry `body`.
+    body: dict[str, Any] | None = None
+    body_url: str | None = None
 
 
 class ResultError(_Model):
@@ -395,10 +398,47 @@ class BatchClient:
         return DeletedBatch.model_validate(self._request("DELETE", f"/batches/{_segment(batch_id)}", idempotent=False))
 
     def results(self, batch_id: str, limit: int | None = None, after: str | None = None) -> Page[ResultLine]:
-        """GET /batches/{batch_id}/results: one page (limit 1-1000, default 100), in submission order."""
-        return Page[ResultLine].model_validate(
+        """GET /batches/{batch_id}/results: one page (limit 1-1000, default 100), in submission order.
+
+        A page may hold fewer than `limit` lines (pages are bounded in bytes too). A body too big
+        for any page comes as a link, which this fetches: every completed line carries `body`."""
+        page = Page[ResultLine].model_validate(
             self._get(f"/batches/{_segment(batch_id)}/results", {"limit": limit, "after": after})
         )
+        for line in page.data:
+            if line.response is not None and line.response.body is None and line.response.body_url:
+                line.response.body = self._fetch_body(line.response.body_url)
+        return page
+
+    def _fetch_body(self, url: str) -> dict[str, Any]:
+        """GET a presigned URL of a stored response body: no API key (the URL carries its own
+        signature, and S3 refuses a second authorization), retried like a read."""
+        attempt = 0
+        while True:
+            try:
+                response = self.session.request("GET", url, headers={"User-Agent": _USER_AGENT},
+                                                timeout=self.timeout)
+            except requests.RequestException as error:
+                if attempt < self.max_retries:
+                    self._sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                raise BatchConnectionError(f"GET {url.split('?')[0]}: {error}") from error
+            if response.status_code < 400:
+                try:
+                    stored = response.json()
+                except ValueError:
+                    raise BatchApiError(response.status_code, None, "The result body is not JSON") from None
+                # The URL serves the stored response ({status_code, request_id, body}).
+                if isinstance(stored, dict) and isinstance(stored.get("body"), dict) and "status_code" in stored:
+                    return stored["body"]
+                return stored
+            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                self._sleep(self._backoff(attempt))
+                attempt += 1
+                continue
+            raise BatchApiError(response.status_code, None,
+                                f"Fetching a result body failed: {(response.text or '')[:200]}")
 
     def iter_results(self, batch_id: str, page_size: int = 1000) -> Iterator[ResultLine]:
         """Every result line of the batch, in submission order, paging as needed."""

@@ -46,6 +46,8 @@ PURGE_SHARD = "PURGE"
 COUNTER_KEY = key("COUNTER", "RESULT_IDS")
 # Store responses larger than this in S3 (DynamoDB items stop at 400 KB).
 INLINE_RESPONSE_LIMIT = 300_000
+# How long a presigned URL of a stored response is valid.
+RESPONSE_URL_SECONDS = 3600
 
 
 def batch_pk(batch_id: str) -> str:
@@ -243,6 +245,20 @@ class BatchTable:
         s3_key = f"{batch_id}/responses/{position:09d}.json.z"
         aws.s3().put_object(Bucket=self.bucket, Key=s3_key, Body=zlib.compress(encoded.encode(), 6))
         return "response_s3_key", s3_key
+
+    def response_url(self, state: dict, expires_in: int = RESPONSE_URL_SECONDS) -> str:
+        """A presigned GET of a response stored in S3, serving its JSON (for a result too big
+        for any page of results). Whatever the object's compression, gzip or zlib (HTTP's
+        `deflate`), the URL makes S3 answer the matching Content-Encoding, which HTTP clients
+        undo, and Content-Type application/json: two bytes of the object say which it is."""
+        s3_key = state["response_s3_key"]
+        head = aws.s3().get_object(Bucket=self.bucket, Key=s3_key, Range="bytes=0-1")["Body"].read()
+        params = {"Bucket": self.bucket, "Key": s3_key, "ResponseContentType": "application/json"}
+        if head == b"\x1f\x8b":
+            params["ResponseContentEncoding"] = "gzip"
+        elif head[:1] == b"\x78":
+            params["ResponseContentEncoding"] = "deflate"
+        return aws.s3().generate_presigned_url("get_object", Params=params, ExpiresIn=expires_in)
 
     def list_owner(self, account_id: str, limit: int, start_key: dict | None) -> tuple[list[dict], dict | None]:
         kwargs: dict[str, Any] = {
