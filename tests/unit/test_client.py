@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -275,18 +276,18 @@ def test_reads_are_retried_on_connection_errors_and_timeouts():
 
 
 @pytest.mark.parametrize("status", [429, 500, 503])
-def test_writes_are_not_retried_on_429_or_5xx(status):
+@pytest.mark.parametrize("method", ["cancel", "delete"])
+def test_cancel_and_delete_are_not_retried_on_429_or_5xx(status, method):
     client, session, sleeps = make(response(status, error_json("no", "x")), response(200, batch_json()))
     with pytest.raises(BatchApiError):
-        client.create([{"custom_id": "a", "body": {}}])
+        getattr(client, method)(BATCH_ID)
     assert len(session.calls) == 1 and sleeps == []
 
 
-@pytest.mark.parametrize("method", ["create", "cancel", "delete"])
-def test_writes_are_not_retried_when_the_request_may_have_arrived(method):
+@pytest.mark.parametrize("method", ["cancel", "delete"])
+def test_cancel_and_delete_are_not_retried_when_the_request_may_have_arrived(method):
     client, session, _ = make(requests.ReadTimeout("no answer"), requests.ConnectionError("reset by peer"))
-    call = {"create": lambda: client.create([]), "cancel": lambda: client.cancel(BATCH_ID),
-            "delete": lambda: client.delete(BATCH_ID)}[method]
+    call = {"cancel": lambda: client.cancel(BATCH_ID), "delete": lambda: client.delete(BATCH_ID)}[method]
     with pytest.raises(BatchConnectionError):
         call()
     with pytest.raises(BatchConnectionError):
@@ -335,3 +336,56 @@ def test_wait_times_out(monkeypatch):
     with pytest.raises(TimeoutError, match="in_progress"):
         client.wait(BATCH_ID, poll_interval=2, timeout=5)
     assert sum(sleeps) == pytest.approx(5)
+
+
+# ---- idempotent create ---------------------------------------------------------------------
+
+
+def test_create_sends_an_idempotency_key_and_reuses_it_across_its_retries():
+    # Given a create whose first attempts time out, answer 500 and 503 (each may have stored it)
+    client, session, sleeps = make(requests.ReadTimeout("no answer"), response(500, error_json("oops", "x")),
+                                   response(503, error_json("busy", "service_unavailable"), {"Retry-After": "1"}),
+                                   response(200, batch_json(), {"Idempotent-Replayed": "true"}))
+    # Then it is retried until answered, every attempt with the same key and body
+    assert client.create([{"custom_id": "a", "body": {}}]).id == BATCH_ID
+    keys = {call["headers"]["Idempotency-Key"] for call in session.calls}
+    assert len(session.calls) == 4 and len(keys) == 1 and len(sleeps) == 3
+    assert len({call["data"] for call in session.calls}) == 1
+    key = keys.pop()
+    assert str(uuid.UUID(key)) == key
+    # And the next create is a new job: a new key
+    client2, session2, _ = make(response(200, batch_json()))
+    client2.create([{"custom_id": "a", "body": {}}])
+    assert session2.calls[0]["headers"]["Idempotency-Key"] != key
+
+
+def test_create_takes_the_callers_idempotency_key():
+    client, session, _ = make(response(200, batch_json()))
+    client.create([{"custom_id": "a", "body": {}}], idempotency_key="job-42-part-1")
+    assert session.calls[0]["headers"]["Idempotency-Key"] == "job-42-part-1"
+
+
+@pytest.mark.parametrize("code,status", [("too_many_unfinished_batches", 429), ("idempotency_key_reused", 422)])
+def test_create_is_not_retried_on_errors_that_last(code, status):
+    client, session, sleeps = make(response(status, error_json("no", code)), response(200, batch_json()))
+    with pytest.raises(BatchApiError) as caught:
+        client.create([{"custom_id": "a", "body": {}}])
+    assert caught.value.code == code and len(session.calls) == 1 and sleeps == []
+
+
+# ---- results too big for a page -------------------------------------------------------------
+
+
+def test_results_fetch_a_body_given_by_link_without_the_api_key():
+    linked = result_json(1001)
+    linked["response"] = {"status_code": 200, "request_id": "req_1001", "body": None,
+                          "body_url": "https://bucket.s3.amazonaws.com/x?X-Amz-Signature=s"}
+    stored = {"status_code": 200, "request_id": "req_1001", "body": {"id": "big", "object": "chat.completion"}}
+    client, session, _ = make(response(200, page([result_json(1000), linked])), response(503, raw=b"slow down"),
+                              response(200, stored))
+    lines = list(client.iter_results(BATCH_ID))
+    # Then every line carries its body, the linked one fetched (retried once) from its URL
+    assert [line.response.body for line in lines] == [{"id": "c"}, stored["body"]]
+    fetches = session.calls[1:]
+    assert [call["url"] for call in fetches] == [linked["response"]["body_url"]] * 2
+    assert all("Authorization" not in call["headers"] for call in fetches)

@@ -15,16 +15,16 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 
 from freeinference_batch import accounts, batches, results
-from freeinference_batch.errors import ApiError, NotFound
+from freeinference_batch.errors import ApiError, NotFound, ServiceUnavailable
 from freeinference_batch.observability import logger
 from freeinference_batch.settings import get_settings
 
 app = APIGatewayHttpResolver(strip_prefixes=[])
 
 
-def _json(status: int, body: Any) -> Response:
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(status_code=status, content_type="application/json",
-                    body=json.dumps(body, separators=(",", ":")))
+                    body=json.dumps(body, separators=(",", ":")), headers=headers)
 
 
 def _principal() -> accounts.Principal:
@@ -47,8 +47,13 @@ def _raw_body() -> bytes:
 @app.post("/v1/batches")
 def create_batch() -> Response:
     principal = _principal()
-    headers = app.current_event.headers or {}
-    batch = batches.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"))
+    headers = {name.lower(): value for name, value in (app.current_event.headers or {}).items()}
+    created = batches.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"),
+                                   headers.get("idempotency-key"))
+    batch = created.batch
+    if created.replayed:
+        logger.info("batch create replayed", extra={"batch_id": batch["id"], "account_id": principal.account_id})
+        return _json(200, batch, {"Idempotent-Replayed": "true"})
     logger.info("batch created", extra={"batch_id": batch["id"], "account_id": principal.account_id,
                                         "requests": batch["request_counts"]["total"]})
     return _json(200, batch)
@@ -93,6 +98,8 @@ def delete_batch(batch_id: str) -> Response:
 def handle_api_error(error: ApiError) -> Response:
     if error.status >= 500:
         logger.error("api error", extra={"status": error.status, "code": error.code})
+    if isinstance(error, ServiceUnavailable):
+        return _json(error.status, error.body(), {"Retry-After": str(error.retry_after)})
     return _json(error.status, error.body())
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-import uuid
+import secrets
 import zlib
+from dataclasses import dataclass
 
-from freeinference_batch import accounts, clock, dispatch, lifecycle, validation, views
+from freeinference_batch import accounts, clock, dispatch, idempotency, lifecycle, pages, validation, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.errors import (
@@ -15,18 +16,30 @@ from freeinference_batch.errors import (
     Forbidden,
     NotFound,
     PayloadTooLarge,
+    ServiceUnavailable,
     TooManyRequests,
 )
+from freeinference_batch.observability import logger
 from freeinference_batch.schemas import CREATING, DELETED, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import input_chunks
-from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable
-from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
+from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
 
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
+# Retry-After of a write that conflicted with another one (they last milliseconds).
+BUSY_RETRY_AFTER_SECONDS = 1
 
 
 # ---- create -----------------------------------------------------------------------------
+
+
+def new_batch_id(now: float) -> str:
+    """`batch_` + the creation time in microseconds (14 hex digits) + 72 random bits (18 hex).
+
+    Time-ordered, so an id alone says where its batch stands in its owner's list (a list cursor
+    keeps working after that batch is deleted); the random part keeps ids unguessable."""
+    return f"batch_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
 
 
 def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
@@ -55,18 +68,34 @@ def _too_large(limit: int, size: int | None = None) -> PayloadTooLarge:
                            "Split the job into several batches")
 
 
-def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None) -> dict:
+@dataclass(frozen=True)
+class Created:
+    """What create answers: the batch object, and whether it is a replay of an earlier create
+    with the same Idempotency-Key (then it is that create's answer, unchanged)."""
+
+    batch: dict
+    replayed: bool = False
+
+
+def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None,
+                 idempotency_key: str | None = None) -> Created:
     catalog = load_catalog(settings.model_catalog_path)
     if not catalog.tier_may_batch(principal.tier):
         raise Forbidden("Batch inference is available to internal accounts only; "
                         f"this key's account tier is {principal.tier!r}")
     raw = decode_body(body, content_encoding, settings.batch_max_body_bytes)
+    key = idempotency.parse(principal.account_id, idempotency_key, raw)
+    if key is not None:
+        # One read answers a retry before any work: no validation, nothing stored.
+        original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))
+        if original is not None:
+            return Created(original, replayed=True)
     requests, metadata = validation.parse_create_body(raw, catalog, principal.tier, settings.batch_max_requests)
 
     table = BatchTable(settings)
     now = clock.now(settings.clock_offset_file)
     created_at = int(now)
-    batch_id = f"batch_{uuid.uuid4().hex}"
+    batch_id = new_batch_id(now)
     window = settings.batch_completion_window_seconds
     ttl = created_at + window + settings.batch_retention_seconds + 3 * 86400
     id_base = table.reserve_result_ids(len(requests))
@@ -101,28 +130,72 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     meta = {
         "pk": f"BATCH#{batch_id}", "sk": "META", "id": batch_id,
         "owner": principal.account_id, "account_id": principal.account_id, "key_hash": principal.key_hash,
-        "created_key": f"{int(now * 1_000_000):017d}#{batch_id}",
+        "created_key": created_key(batch_id),
         "status": "validating", "created_at": created_at, "expires_at": created_at + window,
         "window_seconds": window, "total": len(requests), "completed": 0, "failed": 0, "running": 0,
         "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
         "lane_widths": lane_widths, "open_shard": OPEN_SHARD, "ttl": ttl,
     }
+    elements = [
+        table.put_meta_element(meta),
+        accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
+    ]
+    answer = views.batch_object(meta)
+    if key is not None:
+        # In the same transaction: the batch and its key's record commit together, or neither.
+        elements.append(idempotency.record_element(settings, key, batch_id, answer, now))
     try:
-        transact([
-            table.put_meta_element(meta),
-            accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
-        ])
-    except TransactionFailed:
+        transact(elements)
+    except TransactionFailed as failure:
         table.purge(batch_id)
+        if key is not None and failure.failed(2):
+            # A concurrent create with this key won: its batch is the answer (or 422).
+            original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))
+            if original is not None:
+                return Created(original, replayed=True)
+        # Only the counter's condition is the limit. Conflicts with other writes (the counter is
+        # shared with every create, cancel and finish of the account) are a reason to retry.
+        if isinstance(failure, TransactionConflict) or not failure.failed(1):
+            raise _busy("creating the batch") from None
         raise TooManyRequests(
             f"You already have {settings.batch_max_unfinished} unfinished batches, the most allowed; "
             "wait for one to finish (or cancel one) before creating another",
             code="too_many_unfinished_batches",
         ) from None
 
-    # 3. Start the chains. If this is lost, the sweep re-sends when the dispatch leases run out.
-    dispatch.send(settings, first_messages)
-    return views.batch_object(meta)
+    # 3. Start the chains. The batch is stored: whatever happens now, the answer is 200 (a 5xx
+    #    would make a client retry and create it twice), and the sweep starts what this misses.
+    start_chains(settings, table, meta, first_messages, lane_widths, lanes)
+    return Created(answer)
+
+
+def start_chains(settings: Settings, table: BatchTable, meta: dict, messages: list[RequestMessage],
+                 lane_widths: dict[str, int], lanes: dict[str, list[int]]) -> None:
+    """Send a new batch's first messages; if that fails, mark its chains due for the next sweep.
+
+    The sweep re-sends a chain whose dispatch lease has run out; setting the leases to now makes
+    that the next tick instead of BATCH_DISPATCH_LEASE_SECONDS later. Best effort: if this fails
+    too, the leases set at create still run out and recover the batch."""
+    try:
+        dispatch.send(settings, messages)
+        return
+    except Exception:
+        logger.exception("dispatch failed after the batch was stored; its chains are left to the sweep",
+                         extra={"batch_id": meta["id"]})
+    now = clock.now(settings.clock_offset_file)
+    try:
+        for model, positions in lanes.items():
+            for slot in range(min(lane_widths[model], len(positions))):
+                table.set_lane_lease(meta["id"], model, slot, slot, now)  # only if the chain has not moved
+    except Exception:
+        logger.exception("could not mark the chains due; their dispatch leases will recover them",
+                         extra={"batch_id": meta["id"]})
+
+
+def _busy(doing: str) -> ServiceUnavailable:
+    return ServiceUnavailable(f"Another change to the same data was in progress while {doing}; nothing was "
+                              f"changed. Try again in {BUSY_RETRY_AFTER_SECONDS} second(s)",
+                              retry_after=BUSY_RETRY_AFTER_SECONDS)
 
 
 # ---- read -------------------------------------------------------------------------------
@@ -167,19 +240,30 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
     now = clock.now(settings.clock_offset_file)
     start_key = None
     if after:
-        meta = table.get_meta(after) if BATCH_ID.match(after) else None
-        if meta is None or meta.get("account_id") != principal.account_id or "created_key" not in meta:
-            raise BadRequest(f"after must be the id of one of your batches, as in last_id (got {after[:100]!r})",
+        if not BATCH_ID.match(after):
+            raise BadRequest(f"after must be a batch id such as a page's last_id (got {after[:100]!r})",
                              param="after")
-        start_key = table.owner_index_key(meta)
+        # From the id alone, in the caller's own list: the batch may have been deleted or purged
+        # since the previous page, and another account's id gives only a time, never its items.
+        start_key = table.owner_index_start(principal.account_id, after)
     found: list[dict] = []
     while len(found) <= limit:
         page, start_key = table.list_owner(principal.account_id, limit + 1 - len(found), start_key)
         found.extend(m for m in page if visible_meta(m, principal.account_id, now))
         if not start_key:
             break
-    has_more = len(found) > limit
-    data = [views.batch_object(m) for m in found[:limit]]
+    # At most `limit` batches, and no more than the page's byte budget (a batch object stays far
+    # under it, so a page always carries at least one).
+    data: list[dict] = []
+    budget = pages.Budget(settings.batch_page_budget_bytes)
+    for meta in found[:limit]:
+        batch = views.batch_object(meta)
+        cost = pages.invoke_bytes(batch)
+        if data and not budget.fits(cost):
+            break
+        budget.take(cost)
+        data.append(batch)
+    has_more = len(found) > len(data)
     return Page(data=data, has_more=has_more, first_id=data[0]["id"] if data else None,
                 last_id=data[-1]["id"] if data else None).model_dump(mode="json")
 
@@ -205,6 +289,8 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             )
             try:
                 transact([element, accounts.unfinished_decrement_update(settings, meta["account_id"])])
+            except TransactionConflict:
+                raise _busy("cancelling the batch") from None
             except TransactionFailed:
                 continue  # a request started meanwhile: look again
         else:
@@ -215,7 +301,8 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             if updated is None:
                 continue
         return views.batch_object(owned_meta(settings, principal, batch_id))
-    raise Conflict("The batch changed while it was being cancelled; try again")
+    # The batch kept changing under us (requests starting and settling): a passing condition.
+    raise _busy("cancelling the batch")
 
 
 def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
@@ -239,6 +326,8 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         elements.append(accounts.unfinished_decrement_update(settings, meta["account_id"]))
     try:
         transact(elements)
+    except TransactionConflict:
+        raise _busy("deleting the batch") from None
     except TransactionFailed:
         raise Conflict(f"Batch {batch_id} changed while it was being deleted (a request may have started); "
                        "cancel it, wait for it to finish, then delete it", code="batch_running") from None

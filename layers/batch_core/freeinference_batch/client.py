@@ -8,10 +8,12 @@
     for line in client.iter_results(batch.id):
         print(line.custom_id, line.status)
 
-Reads (GET) are retried on 429, 5xx and connection errors with exponential backoff and jitter,
-honouring `Retry-After`. Writes (create, cancel, delete) are retried only when the request
+Reads (GET) and creates are retried on 429, 5xx and connection errors with exponential backoff
+and jitter, honouring `Retry-After`: every create carries one `Idempotency-Key` (a uuid4, or
+yours), reused across its retries, so a retried create answers the batch the first attempt
+stored instead of creating another. Cancel and delete are retried only when the request
 certainly never reached the server (the connection could not be opened); a 5xx or a timeout on
-a write is raised, since the write may have happened. Create bodies over 1 MiB are sent gzipped
+them is raised, since the write may have happened. Create bodies over 1 MiB are sent gzipped
 (the server's 32 MiB limit applies to the decompressed body; API Gateway in front of it takes
 10 MB at most on the wire).
 
@@ -28,6 +30,7 @@ import json
 import os
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -140,7 +143,10 @@ class Batch(_Model):
 class ResultResponse(_Model):
     status_code: int
     request_id: str
-    body: dict[str, Any]
+    # The API gives a body too big for any page as `body: null` plus `body_url`; the client
+    # fetches it, so lines it returns always carry `body`.
+    body: dict[str, Any] | None = None
+    body_url: str | None = None
 
 
 class ResultError(_Model):
@@ -329,6 +335,7 @@ class BatchClient:
                 idempotent
                 and response.status_code in RETRY_STATUSES
                 and error.code != "quota_exceeded"  # lasts until 00:00 UTC: no point retrying
+                and error.code != "too_many_unfinished_batches"  # lasts until a batch finishes
                 and (error.retry_after is None or error.retry_after <= MAX_RETRY_AFTER_SECONDS)
             )
             if retryable and attempt < self.max_retries:
@@ -342,17 +349,27 @@ class BatchClient:
 
     # -- endpoints ------------------------------------------------------------------------
 
-    def create(self, requests: Sequence[Mapping[str, Any]], metadata: Mapping[str, str] | None = None) -> Batch:
-        """POST /batches: `requests` are OpenAI batch-input lines ({custom_id, method, url, body})."""
-        return self.create_encoded(encode_create_body(requests, metadata))
+    def create(
+        self,
+        requests: Sequence[Mapping[str, Any]],
+        metadata: Mapping[str, str] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Batch:
+        """POST /batches: `requests` are OpenAI batch-input lines ({custom_id, method, url, body}).
 
-    def create_encoded(self, body: bytes) -> Batch:
+        `idempotency_key` (default: a new uuid4) is sent as Idempotency-Key; pass the same one to
+        a later create of the same job to get its batch back instead of a second one (24 hours)."""
+        return self.create_encoded(encode_create_body(requests, metadata), idempotency_key=idempotency_key)
+
+    def create_encoded(self, body: bytes, *, idempotency_key: str | None = None) -> Batch:
         """POST /batches with a body already encoded (see `encode_create_body`); gzipped when large."""
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         if len(body) > GZIP_THRESHOLD_BYTES:
             body = gzip.compress(body, compresslevel=6)
             headers["Content-Encoding"] = "gzip"
-        return Batch.model_validate(self._request("POST", "/batches", data=body, headers=headers, idempotent=False))
+        # Safe to retry: the key makes the server answer the batch an earlier attempt stored.
+        return Batch.model_validate(self._request("POST", "/batches", data=body, headers=headers, idempotent=True))
 
     def retrieve(self, batch_id: str) -> Batch:
         """GET /batches/{batch_id}."""
@@ -381,10 +398,47 @@ class BatchClient:
         return DeletedBatch.model_validate(self._request("DELETE", f"/batches/{_segment(batch_id)}", idempotent=False))
 
     def results(self, batch_id: str, limit: int | None = None, after: str | None = None) -> Page[ResultLine]:
-        """GET /batches/{batch_id}/results: one page (limit 1-1000, default 100), in submission order."""
-        return Page[ResultLine].model_validate(
+        """GET /batches/{batch_id}/results: one page (limit 1-1000, default 100), in submission order.
+
+        A page may hold fewer than `limit` lines (pages are bounded in bytes too). A body too big
+        for any page comes as a link, which this fetches: every completed line carries `body`."""
+        page = Page[ResultLine].model_validate(
             self._get(f"/batches/{_segment(batch_id)}/results", {"limit": limit, "after": after})
         )
+        for line in page.data:
+            if line.response is not None and line.response.body is None and line.response.body_url:
+                line.response.body = self._fetch_body(line.response.body_url)
+        return page
+
+    def _fetch_body(self, url: str) -> dict[str, Any]:
+        """GET a presigned URL of a stored response body: no API key (the URL carries its own
+        signature, and S3 refuses a second authorization), retried like a read."""
+        attempt = 0
+        while True:
+            try:
+                response = self.session.request("GET", url, headers={"User-Agent": _USER_AGENT},
+                                                timeout=self.timeout)
+            except requests.RequestException as error:
+                if attempt < self.max_retries:
+                    self._sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                raise BatchConnectionError(f"GET {url.split('?')[0]}: {error}") from error
+            if response.status_code < 400:
+                try:
+                    stored = response.json()
+                except ValueError:
+                    raise BatchApiError(response.status_code, None, "The result body is not JSON") from None
+                # The URL serves the stored response ({status_code, request_id, body}).
+                if isinstance(stored, dict) and isinstance(stored.get("body"), dict) and "status_code" in stored:
+                    return stored["body"]
+                return stored
+            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                self._sleep(self._backoff(attempt))
+                attempt += 1
+                continue
+            raise BatchApiError(response.status_code, None,
+                                f"Fetching a result body failed: {(response.text or '')[:200]}")
 
     def iter_results(self, batch_id: str, page_size: int = 1000) -> Iterator[ResultLine]:
         """Every result line of the batch, in submission order, paging as needed."""

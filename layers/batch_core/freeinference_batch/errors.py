@@ -57,6 +57,11 @@ class PayloadTooLarge(ApiError):
     code = "payload_too_large"
 
 
+class UnprocessableEntity(ApiError):
+    status = 422
+    code = "unprocessable_entity"
+
+
 class TooManyRequests(ApiError):
     status = 429
     error_type = "rate_limit_error"
@@ -65,3 +70,16 @@ class TooManyRequests(ApiError):
 
 class QuotaExceeded(TooManyRequests):
     code = "quota_exceeded"
+
+
+class ServiceUnavailable(ApiError):
+    """A passing condition (a write conflicted with another one): nothing was changed, and the
+    same call may succeed after `retry_after` seconds, which the API sends as Retry-After."""
+
+    status = 503
+    error_type = "server_error"
+    code = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import re
 
-from freeinference_batch import views
+from freeinference_batch import pages, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import owned_meta
 from freeinference_batch.errors import BadRequest
@@ -38,7 +38,9 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
     table = BatchTable(settings)
     first = position_after(meta, after)
     last = min(meta["total"], first + limit) - 1
-    data = []
+    data: list[dict] = []
+    budget = pages.Budget(settings.batch_page_budget_bytes)
+    end = first  # the first position not on this page
     if first <= last:
         states = table.get_requests(batch_id, first, last)
         starts = meta["chunk_starts"]
@@ -51,10 +53,29 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
             custom_id = custom_ids[position - chunk_start]
             state = states.get(position)
             response = table.load_response(state) if state and state.get("status") == "completed" else None
-            data.append(views.result_line(meta, result_id(meta, position), custom_id, state, response))
+            line = views.result_line(meta, result_id(meta, position), custom_id, state, response)
+            cost = pages.invoke_bytes(line)
+            if not budget.fits(cost):
+                if data:
+                    break  # the next page starts with this line
+                line = _linked(table, state, line)  # too big for any page: its body by a link
+                cost = pages.invoke_bytes(line)
+            budget.take(cost)
+            data.append(line)
+            end = position + 1
     return Page(
         data=data,
-        has_more=last < meta["total"] - 1,
+        has_more=end < meta["total"],
         first_id=data[0]["id"] if data else None,
         last_id=data[-1]["id"] if data else None,
     ).model_dump(mode="json")
+
+
+def _linked(table: BatchTable, state: dict | None, line: dict) -> dict:
+    """A result line whose body is given by a presigned URL of the stored response instead.
+
+    Only responses stored in S3 can be this big (inline ones are at most ~300 KB of JSON), so
+    there is always an object to link to; a line that is somehow neither is left as it is."""
+    if not state or "response_s3_key" not in state or not line.get("response"):
+        return line
+    return {**line, "response": {**line["response"], "body": None, "body_url": table.response_url(state)}}

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     batch_api_enabled: bool = Field(True, alias="BATCH_API_ENABLED")
     # How long a dispatched message may go unclaimed before the sweep sends it again.
     batch_dispatch_lease_seconds: float = Field(600.0, alias="BATCH_DISPATCH_LEASE_SECONDS", gt=0)
+    # Most bytes the lines of one page (results, batch list) may add to the API's answer: safely
+    # under Lambda's 6,291,456-byte response payload limit (see pages.py).
+    batch_page_budget_bytes: int = Field(5_000_000, alias="BATCH_PAGE_BUDGET_BYTES", ge=100_000, le=6_000_000)
 
     # Fault injection for the chaos tests and demos (never set in production): the share of
     # worker steps that die as if the Lambda were killed, and of messages sent twice.

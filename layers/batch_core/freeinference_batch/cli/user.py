@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -332,9 +333,12 @@ def _create_missing(client: BatchClient, manifest: Manifest, path: Path, items: 
             continue
         requests_ = [item.raw for item in items[part.start : part.start + part.count]]
         metadata = openai_files.job_metadata(manifest.metadata, manifest.job_id, part.part, len(manifest.parts))
+        # One key per part, kept while waiting for a free slot too: whatever attempt stored the
+        # batch, the others answer that batch instead of creating another.
+        idempotency_key = str(uuid.uuid4())
         while True:
             try:
-                batch = client.create(requests_, metadata=metadata)
+                batch = client.create(requests_, metadata=metadata, idempotency_key=idempotency_key)
                 break
             except BatchApiError as error:
                 done = len(manifest.batch_ids())

@@ -9,6 +9,8 @@ Items (`pk` / `sk`, both strings):
   updated_at
 - daily usage `ACCOUNT#<id>` / `USAGE#YYYY-MM-DD`: cost_nano, ttl
 - model load `MODEL#<model>` / `LOAD`: inflight, updated_at
+- idempotency record `ACCOUNT#<id>` / `IDEMPOTENCY#<sha256 hex of the key>`: body_sha256,
+  batch_id, answer (the create's JSON answer), created_at, expires_at, ttl
 
 Everything speaks the low-level client's attribute-value format, so the `Update` elements built
 here drop straight into another module's TransactWriteItems.
@@ -272,6 +274,49 @@ def unfinished_decrement_element(settings: Settings, account_id: str) -> dict:
             # transition is what makes the decrement happen exactly once.
             condition="attribute_exists(pk)",
         )
+    }
+
+
+# -- idempotency records (create's Idempotency-Key) --
+
+
+def idempotency_item_key(account_id: str, key_digest: str) -> dict[str, dict]:
+    return _key(f"ACCOUNT#{account_id}", f"IDEMPOTENCY#{key_digest}")
+
+
+def get_idempotency(settings: Settings, account_id: str, key_digest: str) -> dict[str, Any] | None:
+    return _get(settings, idempotency_item_key(account_id, key_digest))
+
+
+def put_idempotency_element(
+    settings: Settings,
+    account_id: str,
+    key_digest: str,
+    *,
+    body_digest: str,
+    batch_id: str,
+    answer: str,
+    now: int,
+    expires_at: int,
+) -> dict:
+    """A transact `Put` of an idempotency record, failing its condition while an unexpired record
+    of that key exists (TTL removes expired ones late, so an expired one may be overwritten)."""
+    item = {
+        **idempotency_item_key(account_id, key_digest),
+        "body_sha256": _attr(body_digest),
+        "batch_id": _attr(batch_id),
+        "answer": _attr(answer),
+        "created_at": _attr(now),
+        "expires_at": _attr(expires_at),
+        "ttl": _attr(expires_at),
+    }
+    return {
+        "Put": {
+            "TableName": settings.accounts_table_name,
+            "Item": item,
+            "ConditionExpression": "attribute_not_exists(pk) OR expires_at <= :now",
+            "ExpressionAttributeValues": {":now": _attr(now)},
+        }
     }
 
 

@@ -50,10 +50,19 @@ COUNTER_KEY = key("COUNTER", "RESULT_IDS")
 # Responses whose JSON is larger than this go to S3 (DynamoDB items stop at 400 KB). Smaller ones
 # are stored compressed in the request's item, so none of those can outgrow a results page alone.
 INLINE_RESPONSE_LIMIT = 300_000
+# How long a presigned URL of a stored response is valid.
+RESPONSE_URL_SECONDS = 3600
 
 
 def batch_pk(batch_id: str) -> str:
     return f"BATCH#{batch_id}"
+
+
+def created_key(batch_id: str) -> str:
+    """The owner index's sort key, derived from the id alone: ids begin with the creation time
+    in microseconds (14 hex digits), so a list cursor needs no stored item."""
+    micros = int(batch_id[6:20], 16)
+    return f"{micros:017d}#{batch_id}"
 
 
 def batch_id_of(item: dict) -> str:
@@ -268,6 +277,20 @@ class BatchTable:
                             ContentType="application/json", ContentEncoding="gzip")
         return "response_s3_key", s3_key
 
+    def response_url(self, state: dict, expires_in: int = RESPONSE_URL_SECONDS) -> str:
+        """A presigned GET of a response stored in S3, serving its JSON (for a result too big
+        for any page of results). Whatever the object's compression, gzip or zlib (HTTP's
+        `deflate`), the URL makes S3 answer the matching Content-Encoding, which HTTP clients
+        undo, and Content-Type application/json: two bytes of the object say which it is."""
+        s3_key = state["response_s3_key"]
+        head = aws.s3().get_object(Bucket=self.bucket, Key=s3_key, Range="bytes=0-1")["Body"].read()
+        params = {"Bucket": self.bucket, "Key": s3_key, "ResponseContentType": "application/json"}
+        if head == b"\x1f\x8b":
+            params["ResponseContentEncoding"] = "gzip"
+        elif head[:1] == b"\x78":
+            params["ResponseContentEncoding"] = "deflate"
+        return aws.s3().generate_presigned_url("get_object", Params=params, ExpiresIn=expires_in)
+
     def list_owner(self, account_id: str, limit: int, start_key: dict | None) -> tuple[list[dict], dict | None]:
         kwargs: dict[str, Any] = {
             "TableName": self.name,
@@ -287,9 +310,13 @@ class BatchTable:
         return [metas[b] for b in ids if b in metas], answer.get("LastEvaluatedKey")
 
     @staticmethod
-    def owner_index_key(meta: dict) -> dict:
-        return {"pk": to_attr(meta["pk"]), "sk": to_attr(META), "owner": to_attr(meta["owner"]),
-                "created_key": to_attr(meta["created_key"])}
+    def owner_index_start(account_id: str, batch_id: str) -> dict:
+        """ExclusiveStartKey of the owner index at the place `batch_id` has (or had) in the list
+        of `account_id`: built from the id alone, so it works after that batch was deleted or
+        purged (DynamoDB, and moto, accept a start key whose item does not exist). The owner is
+        always the caller's own account: another account's id only names a time."""
+        return {"pk": to_attr(batch_pk(batch_id)), "sk": to_attr(META), "owner": to_attr(account_id),
+                "created_key": to_attr(created_key(batch_id))}
 
     def due(self, index: str, shard: str, sort_attr: str, before: float) -> list[dict]:
         """Items of a sparse index whose sort attribute is <= `before` (expiry, purge)."""

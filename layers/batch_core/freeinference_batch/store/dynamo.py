@@ -90,9 +90,16 @@ class TransactionFailed(Exception):
         return index < len(self.codes) and self.codes[index] == "ConditionalCheckFailed"
 
 
+class TransactionConflict(TransactionFailed):
+    """A transaction still cancelled by conflicts with other transactions (or throttling) after
+    `transact`'s retries: no condition failed, so trying again later may succeed. A subclass,
+    so callers that only know TransactionFailed keep treating it as a failed transaction."""
+
+
 def transact(elements: list[dict], *, attempts: int = 6) -> None:
     """TransactWriteItems, retrying transaction conflicts (another transaction on the same item,
-    which DynamoDB reports instead of waiting). Condition failures raise TransactionFailed."""
+    which DynamoDB reports instead of waiting). Condition failures raise TransactionFailed;
+    conflicts that outlast the retries raise TransactionConflict."""
     for attempt in range(attempts):
         try:
             aws.dynamodb().transact_write_items(TransactItems=elements)
@@ -101,8 +108,10 @@ def transact(elements: list[dict], *, attempts: int = 6) -> None:
             if error_code(error) != "TransactionCanceledException":
                 raise
             codes = cancellation_codes(error)
-            if "ConditionalCheckFailed" in codes or attempt == attempts - 1:
+            if "ConditionalCheckFailed" in codes:
                 raise TransactionFailed(codes) from error
+            if attempt == attempts - 1:
+                raise TransactionConflict(codes) from error
             # Only conflicts/throttling: back off with jitter and try again.
             time.sleep(random.uniform(0, 0.02 * 2**attempt))
 
@@ -123,19 +132,36 @@ def batch_write(table: str, puts: Iterable[dict] = (), deletes: Iterable[dict] =
             raise RuntimeError("DynamoDB left items unprocessed after 10 tries")
 
 
+# BatchGetItem takes at most 100 keys per request, counted over all its tables.
+BATCH_GET_MAX_KEYS = 100
+
+
 def batch_get(requests: dict[str, dict]) -> dict[str, list[dict]]:
-    """BatchGetItem, re-asking for unprocessed keys; answers deserialized items per table."""
+    """BatchGetItem for any number of keys: requests of at most 100 keys (over all tables),
+    each re-asking for the keys DynamoDB leaves unprocessed (throttling, or an answer that would
+    pass 16 MB); answers deserialized items per table."""
     found: dict[str, list[dict]] = {table: [] for table in requests}
-    pending = requests
-    for attempt in range(10):
-        answer = aws.dynamodb().batch_get_item(RequestItems=pending)
-        for table, items in answer.get("Responses", {}).items():
-            found[table].extend(from_item(item) for item in items)
-        pending = answer.get("UnprocessedKeys") or {}
-        if not pending:
-            return found
-        time.sleep(min(1.0, 0.02 * 2**attempt))
-    raise RuntimeError("DynamoDB left keys unprocessed after 10 tries")
+    keys = [(table, k) for table, spec in requests.items() for k in spec["Keys"]]
+    options = {table: {n: v for n, v in spec.items() if n != "Keys"} for table, spec in requests.items()}
+    for start in range(0, len(keys), BATCH_GET_MAX_KEYS):
+        pending: dict[str, dict] = {}
+        for table, k in keys[start : start + BATCH_GET_MAX_KEYS]:
+            pending.setdefault(table, {**options[table], "Keys": []})["Keys"].append(k)
+        idle = 0
+        while pending:
+            answer = aws.dynamodb().batch_get_item(RequestItems=pending)
+            got = 0
+            for table, items in answer.get("Responses", {}).items():
+                found[table].extend(from_item(item) for item in items)
+                got += len(items)
+            pending = answer.get("UnprocessedKeys") or {}
+            # Partial answers (the 16 MB cap) make progress; give up only when none is made.
+            idle = 0 if got else idle + 1
+            if pending and idle >= 10:
+                raise RuntimeError("DynamoDB left keys unprocessed after 10 tries")
+            if pending and not got:
+                time.sleep(min(1.0, 0.02 * 2**idle))
+    return found
 
 
 def query_all(**kwargs: Any) -> Iterator[dict]:

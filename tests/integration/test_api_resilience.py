@@ -1,0 +1,157 @@
+"""Create, cancel and delete when storage or SQS misbehave (issue 12): a stored batch is
+answered 200 and still runs; a write conflict is 503 with Retry-After, never 429 or 409."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from freeinference_batch import batches, dispatch, schedules
+from freeinference_batch.local.handlers import load_module, repo_root
+from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed
+
+from tests.integration.conftest import sample_request
+
+
+@pytest.fixture(autouse=True)
+def _one_worker_thread(monkeypatch):
+    # moto in-process is not thread-safe: the worker runs its records one at a time here.
+    module = load_module(repo_root() / "functions" / "worker" / "app.py")
+    monkeypatch.setattr(module, "RECORD_THREADS", 1)
+
+
+def capture_answers(harness) -> list[dict]:
+    """The handler's raw answers (status, headers, body), which harness.call does not return."""
+    answers: list[dict] = []
+    original = harness.api_handler
+
+    def handler(event, context):
+        answer = original(event, context)
+        answers.append(answer)
+        return answer
+
+    harness.api_handler = handler
+    return answers
+
+
+def queued_messages(harness) -> int:
+    from freeinference_batch import aws
+
+    total = 0
+    for url in harness.queues.values():
+        attributes = aws.sqs().get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+        total += int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+    return total
+
+
+def failing_once(monkeypatch, module, name: str, error: Exception) -> list[int]:
+    calls: list[int] = []
+    original = getattr(module, name)
+
+    def once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, once)
+    return calls
+
+
+# ---- dispatch fails after the batch is stored ----------------------------------------------------
+
+
+def test_create_answers_200_when_dispatch_fails_and_the_sweep_starts_the_batch(harness, monkeypatch):
+    # Given SQS refusing the create's first messages
+    failing_once(monkeypatch, dispatch, "send", RuntimeError("SQS is down"))
+    # When a batch is created
+    status, batch = harness.call("POST", "/v1/batches", {"requests": [sample_request(f"q-{i}") for i in range(3)]})
+    # Then it is answered 200 (it is stored), with nothing on the queues yet
+    assert status == 200, batch
+    assert harness.batch(batch["id"])["status"] == "validating"
+    assert queued_messages(harness) == 0
+    # And the next sweep tick sends its first messages, without waiting for the dispatch lease
+    assert schedules.sweep(harness.settings)["resent"] >= 1
+    assert queued_messages(harness) >= 1
+    # And the batch runs to completion
+    final = harness.run_to_final(batch["id"])
+    assert final["status"] == "completed" and final["request_counts"]["completed"] == 3, final
+
+
+def test_when_even_marking_the_chains_fails_the_dispatch_lease_recovers_the_batch(harness, monkeypatch):
+    failing_once(monkeypatch, dispatch, "send", RuntimeError("SQS is down"))
+    failing_once(monkeypatch, BatchTable, "set_lane_lease", RuntimeError("DynamoDB is down"))
+    status, batch = harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})
+    assert status == 200, batch
+    # Not due yet: the lease set at create still runs
+    assert schedules.sweep(harness.settings)["resent"] == 0
+    harness.advance_clock(harness.settings.batch_dispatch_lease_seconds + 1)
+    assert schedules.sweep(harness.settings)["resent"] == 1
+    assert harness.run_to_final(batch["id"])["status"] == "completed"
+
+
+# ---- conflicts are 503 with Retry-After -------------------------------------------------------
+
+
+def conflict(*_args, **_kwargs):
+    raise TransactionConflict(["TransactionConflict", "None"])
+
+
+def test_a_create_conflict_is_503_with_retry_after_and_changes_nothing(harness, monkeypatch):
+    harness.configure(BATCH_MAX_UNFINISHED=1)
+    answers = capture_answers(harness)
+    monkeypatch.setattr(batches, "transact", conflict)
+    status, body = harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})
+    assert status == 503, body
+    assert body["error"]["code"] == "service_unavailable" and "try again" in body["error"]["message"].lower()
+    assert int(answers[-1]["headers"]["Retry-After"]) >= 1
+    # Nothing stored, and the account's one unfinished slot is still free
+    monkeypatch.undo()
+    assert harness.call("GET", "/v1/batches")[1]["data"] == []
+    assert harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})[0] == 200
+    assert harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})[0] == 429
+
+
+def test_a_failed_condition_other_than_the_limit_is_not_reported_as_the_limit(harness, monkeypatch):
+    def meta_condition(*_args, **_kwargs):
+        raise TransactionFailed(["ConditionalCheckFailed", "None"])
+
+    monkeypatch.setattr(batches, "transact", meta_condition)
+    status, body = harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})
+    assert status == 503 and "unfinished" not in body["error"]["message"], body
+
+
+@pytest.mark.parametrize("method,suffix", [("POST", "/cancel"), ("DELETE", "")])
+def test_cancel_and_delete_conflicts_are_503_with_retry_after(harness, monkeypatch, method, suffix):
+    batch = harness.create([sample_request("q-0")])
+    answers = capture_answers(harness)
+    monkeypatch.setattr(batches, "transact", conflict)
+    status, body = harness.call(method, f"/v1/batches/{batch['id']}{suffix}")
+    assert status == 503, body
+    assert answers[-1]["headers"]["Retry-After"] == "1"
+    monkeypatch.undo()
+    assert harness.batch(batch["id"])["status"] == "validating"
+
+
+def test_transact_reports_lasting_conflicts_as_transaction_conflict(monkeypatch):
+    from botocore.exceptions import ClientError
+    from freeinference_batch import aws
+    from freeinference_batch.store import dynamo
+
+    class Conflicting:
+        calls = 0
+
+        def transact_write_items(self, TransactItems):
+            self.calls += 1
+            raise ClientError({"Error": {"Code": "TransactionCanceledException", "Message": "x"},
+                               "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}]},
+                              "TransactWriteItems")
+
+    fake = Conflicting()
+    monkeypatch.setattr(aws, "dynamodb", lambda: fake)
+    monkeypatch.setattr(dynamo.time, "sleep", lambda _s: None)
+    with pytest.raises(TransactionConflict) as raised:
+        dynamo.transact([{}], attempts=3)
+    assert fake.calls == 3 and isinstance(raised.value, TransactionFailed)
+    assert json.dumps(raised.value.codes) == '["TransactionConflict", "None"]'
