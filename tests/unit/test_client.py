@@ -380,12 +380,12 @@ def test_results_fetch_a_body_given_by_link_without_the_api_key():
     linked = result_json(1001)
     linked["response"] = {"status_code": 200, "request_id": "req_1001", "body": None,
                           "body_url": "https://bucket.s3.amazonaws.com/x?X-Amz-Signature=s"}
-    stored = {"status_code": 200, "request_id": "req_1001", "body": {"id": "big", "object": "chat.completion"}}
+    stored = {"id": "big", "object": "chat.completion"}
     client, session, _ = make(response(200, page([result_json(1000), linked])), response(503, raw=b"slow down"),
                               response(200, stored))
     lines = list(client.iter_results(BATCH_ID))
     # Then every line carries its body, the linked one fetched (retried once) from its URL
-    assert [line.response.body for line in lines] == [{"id": "c"}, stored["body"]]
+    assert [line.response.body for line in lines] == [{"id": "c"}, stored]
     fetches = session.calls[1:]
     assert [call["url"] for call in fetches] == [linked["response"]["body_url"]] * 2
     assert all("Authorization" not in call["headers"] for call in fetches)

@@ -426,12 +426,9 @@ class BatchClient:
                 raise BatchConnectionError(f"GET {url.split('?')[0]}: {error}") from error
             if response.status_code < 400:
                 try:
-                    stored = response.json()
+                    stored = response.json()  # the body itself
                 except ValueError:
                     raise BatchApiError(response.status_code, None, "The result body is not JSON") from None
-                # The URL serves the stored response ({status_code, request_id, body}).
-                if isinstance(stored, dict) and isinstance(stored.get("body"), dict) and "status_code" in stored:
-                    return stored["body"]
                 return stored
             if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
                 self._sleep(self._backoff(attempt))

@@ -42,7 +42,8 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
     budget = pages.Budget(settings.batch_page_budget_bytes)
     end = first  # the first position not on this page
     if first <= last:
-        states = table.get_requests(batch_id, first, last)
+        states = table.iter_requests(batch_id, first, last)
+        stated, state_of_stated = next(states, (None, None))
         starts = meta["chunk_starts"]
         number = bisect.bisect_right(starts, first) - 1
         custom_ids, chunk_start = table.get_custom_ids(batch_id, number), starts[number]
@@ -51,7 +52,9 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
                 number += 1
                 custom_ids, chunk_start = table.get_custom_ids(batch_id, number), starts[number]
             custom_id = custom_ids[position - chunk_start]
-            state = states.get(position)
+            while stated is not None and stated < position:  # read on only as far as the page goes
+                stated, state_of_stated = next(states, (None, None))
+            state = state_of_stated if stated == position else None
             response = table.load_response(state) if state and state.get("status") == "completed" else None
             line = views.result_line(meta, result_id(meta, position), custom_id, state, response)
             cost = pages.invoke_bytes(line)

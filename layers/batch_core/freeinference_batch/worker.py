@@ -586,10 +586,10 @@ class Worker:
             names["#error"] = "error"
             named["error"] = error
         if response is not None:
-            attribute, value = self.table.response_attribute(message.batch_id, message.position, token, response)
-            sets.append(f"#{attribute} = :response")
-            names[f"#{attribute}"] = attribute
-            named["response"] = value
+            for attribute, value in self.table.response_attributes(message.batch_id, message.position, token,
+                                                                   response).items():
+                sets.append(f"{attribute} = :{attribute}")
+                named[attribute] = value
         if status == "queued":
             sets.append("lease_until = :lease")
             named["lease"] = lease_until

@@ -23,7 +23,7 @@ import json
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -242,54 +242,52 @@ class BatchTable:
                                          ConsistentRead=True)
         return from_item(answer.get("Item"))
 
-    def get_requests(self, batch_id: str, first: int, last: int) -> dict[int, dict]:
-        """Request states for positions first..last (inclusive), by position."""
-        found = {}
+    def iter_requests(self, batch_id: str, first: int, last: int) -> Iterator[tuple[int, dict]]:
+        """(position, state) of the requests first..last (inclusive) that have a state, in position
+        order, read a Query page (1 MB) at a time as the caller goes: a results page that stops at
+        its byte budget reads no further."""
         for item in query_all(
             TableName=self.name,
             KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
             ExpressionAttributeValues=values(pk=batch_pk(batch_id), lo=f"REQ#{first:09d}", hi=f"REQ#{last:09d}"),
         ):
-            found[int(item["sk"][4:])] = item
-        return found
+            yield int(item["sk"][4:]), item
 
     def load_response(self, state: dict) -> dict | None:
         if "response_z" in state:
             return json.loads(zlib.decompress(state["response_z"]))
         if "response_s3_key" in state:
             body = aws.s3().get_object(Bucket=self.bucket, Key=state["response_s3_key"])["Body"].read()
-            return json.loads(gzip.decompress(body))
+            return {"status_code": state["response_status"], "request_id": state["response_request_id"],
+                    "body": json.loads(gzip.decompress(body))}
         return None
 
-    def response_attribute(self, batch_id: str, position: int, token: str, response: dict) -> tuple[str, bytes | str]:
-        """(attribute, value) to store a response, compressed: inline when small, else in S3.
+    def response_attributes(self, batch_id: str, position: int, token: str, response: dict) -> dict[str, Any]:
+        """The attributes that store a response on its request item: compressed inline when small,
+        else its body in S3 (status and request id stay in the item).
 
         Stored as bytes, never as a DynamoDB map: a completion's JSON may hold empty object keys,
         which DynamoDB refuses as attribute names. The S3 key names the run's claim, so a run that
-        lost its claim (and whose settle will fail) never overwrites the winner's response; its own
-        object is left for the purge. S3 objects are gzip JSON with a matching Content-Encoding, so
-        a presigned URL serves the response as it is."""
+        lost its claim (and whose settle will fail) never overwrites the winner's body; its own
+        object is left for the purge. An S3 body is gzip JSON with a matching Content-Encoding, so
+        a presigned URL (`response_url`) serves it as it is."""
         encoded = json.dumps(response, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
         if len(encoded) <= INLINE_RESPONSE_LIMIT:
-            return "response_z", zlib.compress(encoded, 6)
+            return {"response_z": zlib.compress(encoded, 6)}
+        body = json.dumps(response["body"], separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
         s3_key = f"{batch_id}/responses/{position:09d}/{token}.json.gz"
-        aws.s3().put_object(Bucket=self.bucket, Key=s3_key, Body=gzip.compress(encoded, 6),
+        aws.s3().put_object(Bucket=self.bucket, Key=s3_key, Body=gzip.compress(body, 6),
                             ContentType="application/json", ContentEncoding="gzip")
-        return "response_s3_key", s3_key
+        return {"response_s3_key": s3_key, "response_status": response["status_code"],
+                "response_request_id": response["request_id"]}
 
     def response_url(self, state: dict, expires_in: int = RESPONSE_URL_SECONDS) -> str:
-        """A presigned GET of a response stored in S3, serving its JSON (for a result too big
-        for any page of results). Whatever the object's compression, gzip or zlib (HTTP's
-        `deflate`), the URL makes S3 answer the matching Content-Encoding, which HTTP clients
-        undo, and Content-Type application/json: two bytes of the object say which it is."""
-        s3_key = state["response_s3_key"]
-        head = aws.s3().get_object(Bucket=self.bucket, Key=s3_key, Range="bytes=0-1")["Body"].read()
-        params = {"Bucket": self.bucket, "Key": s3_key, "ResponseContentType": "application/json"}
-        if head == b"\x1f\x8b":
-            params["ResponseContentEncoding"] = "gzip"
-        elif head[:1] == b"\x78":
-            params["ResponseContentEncoding"] = "deflate"
-        return aws.s3().generate_presigned_url("get_object", Params=params, ExpiresIn=expires_in)
+        """A presigned GET of a response body stored in S3 (for a result too big for any page of
+        results): S3 answers it as JSON with Content-Encoding gzip, which HTTP clients undo."""
+        return aws.s3().generate_presigned_url(
+            "get_object", ExpiresIn=expires_in,
+            Params={"Bucket": self.bucket, "Key": state["response_s3_key"], "ResponseContentType": "application/json",
+                    "ResponseContentEncoding": "gzip"})
 
     def list_owner(self, account_id: str, limit: int, start_key: dict | None) -> tuple[list[dict], dict | None]:
         kwargs: dict[str, Any] = {
