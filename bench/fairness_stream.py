@@ -225,10 +225,11 @@ def main() -> None:
         ("load average (1 / 5 / 15 min) at the end", c.load_average(), ""),
     ], ("measure", "value", "target")))
     if not ok:
-        print("\nWhy (store/leases.py fair_shares): a batch with at most 100 requests left takes every slot it "
-              "has chains for, ahead of bigger batches, even their last; with small batches always waiting, the "
-              "big one's chains yield at each hand-over and their woken turns go to the small ones, so it runs "
-              "only in the gaps between one small batch's end and the next one's start.")
+        print("\nWhat the policy predicts (store/leases.py fair_shares), and the table shows: a batch with at "
+              "most 100 requests left takes every slot it has chains for, ahead of bigger batches, even their "
+              "last; with small batches always waiting, the big one's chains yield at each hand-over and the woken "
+              "turns go to the small ones, so it runs only in the gaps between one small batch's end and the "
+              "next one's start.")
 
 
 if __name__ == "__main__":
