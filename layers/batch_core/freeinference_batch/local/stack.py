@@ -42,7 +42,7 @@ log = logging.getLogger("freeinference_batch.local")
 DEFAULT_PORT = 8080
 DEV_ACCOUNT_ID = "dev"
 DEV_KEY_ENV = "FREEINFERENCE_DEV_KEY"
-_SUPPORTED_TYPES = ("AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::S3::Bucket")
+_SUPPORTED_TYPES = ("AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::S3::Bucket", "AWS::SecretsManager::Secret")
 _PSEUDO = {
     "AWS::Region": LOCAL_REGION,
     "AWS::AccountId": LOCAL_ACCOUNT_ID,
@@ -114,6 +114,7 @@ class TemplateResources:
                 "AWS::DynamoDB::Table": self._table,
                 "AWS::SQS::Queue": self._queue,
                 "AWS::S3::Bucket": self._bucket,
+                "AWS::SecretsManager::Secret": self._secret,
             }[kind]
             self.physical[logical_id] = create(logical_id, properties)
         finally:
@@ -188,6 +189,18 @@ class TemplateResources:
             "DomainName": f"{name}.s3.amazonaws.com",
             "RegionalDomainName": f"{name}.s3.{LOCAL_REGION}.amazonaws.com",
         }
+
+    def _secret(self, logical_id: str, properties: dict[str, Any]) -> dict[str, Any]:
+        # As CloudFormation does: the given SecretString, else a generated value (the template's
+        # secrets are placeholders an operator replaces; the simulated upstream ignores them).
+        name = properties.get("Name") or self._name(logical_id, 512)
+        value = properties.get("SecretString")
+        if value is None:
+            import secrets
+
+            value = secrets.token_urlsafe(24)
+        arn = self.clients["secretsmanager"].create_secret(Name=name, SecretString=value)["ARN"]
+        return {"Ref": arn, "Id": arn}
 
     # ------------------------------------------------------------ intrinsics
 
@@ -387,7 +400,10 @@ class LocalStack:
         session = boto3.session.Session(
             region_name=LOCAL_REGION, aws_access_key_id="test", aws_secret_access_key="test"
         )
-        clients = {name: session.client(name, endpoint_url=self.moto_endpoint) for name in ("dynamodb", "sqs", "s3")}
+        clients = {
+            name: session.client(name, endpoint_url=self.moto_endpoint)
+            for name in ("dynamodb", "sqs", "s3", "secretsmanager")
+        }
         resources = TemplateResources(template, clients)
         resources.create_all()
         template_env, from_resources = template_environment(template, resources)
@@ -505,7 +521,9 @@ class LocalStack:
         # Only those that change a setting matter (WORKER_MODEL-style labels are harmless).
         function_globals = (template.get("Globals") or {}).get("Function") or {}
         globals_env = (function_globals.get("Environment") or {}).get("Variables") or {}
-        settings_names = _settings_env_names()
+        # The workers' UPSTREAM_API_KEY_SECRET is left out on purpose: locally they send
+        # UPSTREAM_API_KEY (empty unless set: the simulated upstream needs no credential).
+        settings_names = _settings_env_names() - {"UPSTREAM_API_KEY_SECRET"}
         for logical_id in self.functions:
             properties = template["Resources"][logical_id].get("Properties") or {}
             own = (properties.get("Environment") or {}).get("Variables") or {}
