@@ -44,6 +44,8 @@ def readme_commands(text: str) -> list[list[str]]:
             except ValueError:  # a quote still open: the command goes on on the next line
                 continue
             pending = ""
+            while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+                argv = argv[1:]  # `NAME=value command ...`: the environment of one command
             if argv:
                 commands.append(argv)
     assert not pending, f"unterminated command in README: {pending!r}"
@@ -99,7 +101,7 @@ from samcli.cli.main import cli
 args = json.loads(sys.argv[1])
 ctx = cli.make_context("sam", ["--help"], resilient_parsing=True)
 command, names = cli, []
-while args and not args[0].startswith("-"):
+while args and not args[0].startswith("-") and hasattr(command, "get_command"):  # down the groups
     command = command.get_command(ctx, args.pop(0))
     assert command is not None, "no such sam command"
 options = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}

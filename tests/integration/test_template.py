@@ -39,6 +39,7 @@ API_ROUTES = {
 }
 # Environment variables the functions read that are not `Settings` fields.
 NON_SETTINGS_ENV = {
+    "AWS_ENDPOINT_URL",  # read by boto3 itself
     "WORKER_MODEL",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",

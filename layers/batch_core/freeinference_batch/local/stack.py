@@ -35,6 +35,12 @@ from freeinference_batch.local.handlers import (
     functions_from_template,
     repo_root,
 )
+from freeinference_batch.local.sam_env import (
+    SAMPLE_EVENTS_ACCOUNT,
+    SAMPLE_EVENTS_KEY,
+    sam_env_vars,
+    write_sam_env,
+)
 from freeinference_batch.local.template import load_template
 
 log = logging.getLogger("freeinference_batch.local")
@@ -42,6 +48,7 @@ log = logging.getLogger("freeinference_batch.local")
 DEFAULT_PORT = 8080
 DEV_ACCOUNT_ID = "dev"
 DEV_KEY_ENV = "FREEINFERENCE_DEV_KEY"
+LOCAL_HOST_ENV = "LOCAL_STACK_HOST"
 _SUPPORTED_TYPES = ("AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::S3::Bucket", "AWS::SecretsManager::Secret")
 _PSEUDO = {
     "AWS::Region": LOCAL_REGION,
@@ -345,6 +352,8 @@ class LocalStack:
         self.started_in: float | None = None
         self._saved_env: dict[str, str | None] = {}
         self._state_written = False
+        # `.local-stack/sam-env.json`: the env-vars file for `sam local` (written with the state file).
+        self.sam_env_file: Path | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -433,6 +442,8 @@ class LocalStack:
         self.dev_key = accounts.create_key(
             get_settings(), DEV_ACCOUNT_ID, tier="internal", key=os.environ.get(DEV_KEY_ENV) or None
         )
+        # The key the sample events carry, so `sam local invoke -e events/...` works against this stack.
+        accounts.create_key(get_settings(), SAMPLE_EVENTS_ACCOUNT, tier="internal", key=SAMPLE_EVENTS_KEY)
 
         self.functions = functions_from_template(template, self.root)
         self._warn_per_function_env(template)
@@ -450,6 +461,7 @@ class LocalStack:
             from freeinference_batch.local.state import write_state
 
             write_state(self.env, self.base_url, self.state_dir)
+            self.sam_env_file = write_sam_env(sam_env_vars(template, resources, self.env), self.state_dir)
             self._state_written = True
 
     def _wake_pollers_on_send(self) -> None:
@@ -558,6 +570,9 @@ class LocalStack:
         if self._state_written:
             from freeinference_batch.local.state import remove_state
 
+            if self.sam_env_file is not None:
+                self.sam_env_file.unlink(missing_ok=True)
+                self.sam_env_file = None
             remove_state(self.state_dir)
             self._state_written = False
         self._restore_env()
@@ -646,7 +661,9 @@ def run_local_stack() -> None:
     sys.stdout.flush()
     real_stdout = os.dup(1)
     os.dup2(2, 1)  # fd 1 is stderr from now on: only our one line reaches the real stdout
-    stack = LocalStack()
+    # 127.0.0.1 unless LOCAL_STACK_HOST says otherwise: on Linux, `sam local`'s containers reach
+    # the host only on an address other than loopback (LOCAL_STACK_HOST=0.0.0.0, README).
+    stack = LocalStack(host=os.environ.get(LOCAL_HOST_ENV) or "127.0.0.1")
     try:
         try:
             stack.start()
