@@ -84,12 +84,17 @@ class Recorder:
 
     def __init__(self, template: dict[str, Any]) -> None:
         self.logical_ids = list(template["Resources"])
+        # Queues the template names itself (`QueueName: !Sub "${AWS::StackName}-..."`), as the local stack does.
+        self.named = {_template_name(r).replace("${AWS::StackName}", LOCAL_STACK_NAME): i
+                      for i, r in template["Resources"].items() if _template_name(r)}
         self.function: str | None = None
         self.calls: set[tuple[str, str, str]] = set()
         self.operations: set[tuple[str, str]] = set()
 
     def logical(self, physical: str) -> str:
         name = physical.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        if name in self.named:
+            return self.named[name]
         name = name.removeprefix(f"{LOCAL_STACK_NAME}-").lower()
         for logical_id in self.logical_ids:
             if name == logical_id.lower() or name.startswith(logical_id.lower() + "-"):
@@ -136,18 +141,36 @@ class Recorder:
 # ---------------------------------------------------------------- what the template grants
 
 
-def _resource(value: Any) -> str:
-    """A statement's resource as `<LogicalId>[/rest]`."""
+def _template_name(resource: dict[str, Any]) -> str:
+    """The `${AWS::StackName}-...` name a template gives a queue itself, or ""."""
+    name = (resource.get("Properties") or {}).get("QueueName")
+    return name["Fn::Sub"] if isinstance(name, dict) and isinstance(name.get("Fn::Sub"), str) else ""
+
+
+_QUEUE_ARN = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:"
+
+
+def _resources(value: Any, template: dict[str, Any]) -> list[str]:
+    """A statement's resource as `<LogicalId>[/rest]`; a queue ARN pattern (`<stack>-model-*`)
+    as every queue of the template whose name it matches."""
     if isinstance(value, dict) and "Fn::GetAtt" in value:
         resource, attribute = value["Fn::GetAtt"]
         assert attribute == "Arn", value
-        return resource
+        return [resource]
     if isinstance(value, dict) and "Ref" in value:
-        return value["Ref"]
+        return [value["Ref"]]
     if isinstance(value, dict) and isinstance(value.get("Fn::Sub"), str):
-        match = re.fullmatch(r"\$\{(\w+)\.Arn\}(/.*)?", value["Fn::Sub"])
+        text = value["Fn::Sub"]
+        if text.startswith(_QUEUE_ARN):
+            pattern = text.removeprefix(_QUEUE_ARN)
+            assert pattern.startswith("${AWS::StackName}-"), f"a queue pattern must stay in the stack's names: {text}"
+            matched = [i for i, r in template["Resources"].items()
+                       if _template_name(r) and fnmatch.fnmatchcase(_template_name(r), pattern)]
+            assert matched, f"{text} matches no queue of the template"
+            return matched
+        match = re.fullmatch(r"\$\{(\w+)\.Arn\}(/.*)?", text)
         assert match, f"cannot read resource {value!r}"
-        return match.group(1) + (match.group(2) or "")
+        return [match.group(1) + (match.group(2) or "")]
     raise AssertionError(f"a resource must name a template resource, not {value!r}")
 
 
@@ -163,7 +186,7 @@ def grants(template: dict[str, Any], logical_id: str) -> set[tuple[str, str]]:
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
             for action in actions:
                 assert "*" not in action, f"{logical_id}: wildcard action {action}"
-                out.update((action, _resource(resource)) for resource in resources)
+                out.update((action, name) for resource in resources for name in _resources(resource, template))
     return out
 
 
@@ -374,3 +397,17 @@ def test_no_function_may_scan_or_delete_items_one_by_one() -> None:
     for function in resources_of_type(template, "AWS::Serverless::Function"):
         actions = {action for action, _ in grants(template, function)}
         assert not actions & {"dynamodb:Scan", "dynamodb:DeleteItem", "dynamodb:DeleteTable"}, function
+
+
+def test_no_statement_lists_every_models_queue() -> None:
+    # A new model must need no IAM change: what reaches every model's queue does so by the
+    # stack's name pattern; a queue named in a statement is a worker's own.
+    template = load_template(TEMPLATE)
+    own = _worker_queues(template)
+    for function in resources_of_type(template, "AWS::Serverless::Function"):
+        for policy in function_properties(template, function).get("Policies", []):
+            for statement in policy["Statement"]:
+                listed = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+                queues = {r["Fn::GetAtt"][0] for r in listed if isinstance(r, dict) and "Fn::GetAtt" in r
+                          and template["Resources"][r["Fn::GetAtt"][0]]["Type"] == "AWS::SQS::Queue"}
+                assert queues <= {own.get(function)}, f"{function} lists queues {sorted(queues)}"
