@@ -207,3 +207,17 @@ def test_a_worker_cold_start_fails_on_a_url_that_cannot_work() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_local_stack_puts_a_given_credential_in_the_workers_secret(moto_env, monkeypatch):
+    # `sam local`'s workers read the secret the template names: a credential given to the local
+    # stack (UPSTREAM_API_KEY, for a real upstream) must be what they read.
+    from freeinference_batch.local.stack import LocalStack
+
+    template = load_template(TEMPLATE)
+    clients = {"secretsmanager": boto3.client("secretsmanager")}
+    resources = TemplateResources(template, clients)
+    monkeypatch.setenv("UPSTREAM_API_KEY", "real-upstream-key")
+    LocalStack._put_upstream_key(template, resources, clients["secretsmanager"])
+    arn = resources.ensure("UpstreamApiKeySecret")["Ref"]
+    assert clients["secretsmanager"].get_secret_value(SecretId=arn)["SecretString"] == "real-upstream-key"

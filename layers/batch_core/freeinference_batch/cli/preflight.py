@@ -41,6 +41,12 @@ class Concurrency:
         # What the stack holds now is already out of the pool and comes back on update.
         return self.unreserved_now + self.stack_reserves_now - self.template_reserves
 
+    @property
+    def quota_needed(self) -> int:
+        """The smallest quota that takes the template: what others reserve, plus ours, plus 100."""
+        reserved_by_others = self.account_limit - self.unreserved_now - self.stack_reserves_now
+        return reserved_by_others + self.template_reserves + MIN_UNRESERVED
+
     def finding(self) -> Finding:
         text = (
             f"Lambda concurrency: account quota {self.account_limit}, unreserved now {self.unreserved_now}; "
@@ -52,7 +58,7 @@ class Concurrency:
             return Finding(True, text)
         return Finding(False, text + (
             f". Ask for more: Service Quotas, AWS Lambda, 'Concurrent executions' ({CONCURRENCY_QUOTA_CODE}), "
-            f"at least {self.template_reserves - self.stack_reserves_now + MIN_UNRESERVED}; or lower the "
+            f"at least {self.quota_needed}; or lower the "
             "workers' ReservedConcurrentExecutions"))
 
 

@@ -415,6 +415,7 @@ class LocalStack:
         }
         resources = TemplateResources(template, clients)
         resources.create_all()
+        self._put_upstream_key(template, resources, clients["secretsmanager"])
         template_env, from_resources = template_environment(template, resources)
         env = {}
         for name, value in template_env.items():
@@ -463,6 +464,19 @@ class LocalStack:
             write_state(self.env, self.base_url, self.state_dir)
             self.sam_env_file = write_sam_env(sam_env_vars(template, resources, self.env), self.state_dir)
             self._state_written = True
+
+    @staticmethod
+    def _put_upstream_key(template: dict[str, Any], resources: TemplateResources, secrets: Any) -> None:
+        """A credential given as UPSTREAM_API_KEY (a real upstream, run locally) also goes in the
+        secret the workers name, so that `sam local`'s workers, which read it there, send it too."""
+        key = os.environ.get("UPSTREAM_API_KEY")
+        if not key:
+            return
+        for resource in (template.get("Resources") or {}).values():
+            variables = ((resource.get("Properties") or {}).get("Environment") or {}).get("Variables") or {}
+            if "UPSTREAM_API_KEY_SECRET" in variables:
+                secrets.put_secret_value(SecretId=resources.resolve(variables["UPSTREAM_API_KEY_SECRET"]),
+                                         SecretString=key)
 
     def _wake_pollers_on_send(self) -> None:
         """Emulate long polling: whenever this process sends a message or makes one visible
