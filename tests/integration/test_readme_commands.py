@@ -8,6 +8,7 @@ not know fails it, so a new kind of command in the README comes with a way to ch
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -159,3 +160,38 @@ def test_a_misplaced_group_option_is_caught() -> None:
     # The README once had `admin create-key --stack-name ...`, which click refuses.
     with pytest.raises(click.NoSuchOption):
         parse_click(main, ["admin", "create-key", "--stack-name", "s", "--account", "a"])
+
+
+_SAM_PROMPTS = """
+import json
+from samcli.commands.deploy.auth_utils import auth_per_resource
+from samcli.lib.providers.sam_stack_provider import SamLocalStackProvider
+stacks, _ = SamLocalStackProvider.get_stacks("template.yaml")
+print(json.dumps([resource for resource, required in auth_per_resource(stacks) if not required]))
+"""
+
+
+def test_the_guided_deploy_table_is_what_sam_asks() -> None:
+    # The runbook's table of `sam deploy --guided` prompts: the template's parameters in its
+    # order (SAM asks for each), and the functions SAM asks to confirm have no authorizer.
+    from freeinference_batch.local.template import load_template
+
+    text = README.read_text()
+    table = text.split("`sam deploy --guided` asks, in order:")[1].split("\n\n")[1]
+    prompts = [row.split("|")[1].strip() for row in table.splitlines()[2:]]
+    parameters = list(load_template(REPO / "template.yaml")["Parameters"])
+    asked: list[str] = []
+    for prompt in (p.removeprefix("Parameter ") for p in prompts if p.startswith("Parameter ")):
+        if " … " in prompt:
+            first, last = prompt.split(" … ")
+            asked += parameters[parameters.index(first): parameters.index(last) + 1]
+        else:
+            asked += [name.strip() for name in prompt.split(",")]
+    assert asked == parameters
+    if not SAM_PYTHON.exists():
+        pytest.skip("the SAM CLI is not installed (make install)")
+    result = subprocess.run([str(SAM_PYTHON), "-c", _SAM_PROMPTS], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "SAM_CLI_TELEMETRY": "0"})
+    assert result.returncode == 0, result.stderr
+    unauthenticated = set(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert {f"{resource} has no authentication. Is this okay?" for resource in unauthenticated} <= set(prompts)
