@@ -194,7 +194,7 @@ def harness(request, monkeypatch, tmp_path, upstream):
     with mock_aws():
         aws.reset_clients()
         template = load_template(repo_root() / "template.yaml")
-        clients = {name: boto3.client(name) for name in ("dynamodb", "sqs", "s3")}
+        clients = {name: boto3.client(name) for name in ("dynamodb", "sqs", "s3", "secretsmanager")}
         resources = TemplateResources(template, clients)
         resources.create_all()
         env, _ = template_environment(template, resources)

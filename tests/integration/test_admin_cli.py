@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from click.testing import CliRunner
 from freeinference_batch import accounts, aws
 from freeinference_batch.catalog import NANO_PER_USD
-from freeinference_batch.cli import main
+from freeinference_batch.cli import main, preflight
 from freeinference_batch.cli.admin import resolve_target
+from freeinference_batch.local.template import load_template
 from freeinference_batch.settings import Settings
 from moto import mock_aws
 
@@ -293,3 +296,88 @@ def test_main_lists_admin_and_dev():
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
     assert "admin" in result.output and "dev" in result.output
+
+
+# -- preflight (moto has no Lambda GetAccountSettings: the AWS clients are stubbed) --
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "template.yaml"
+SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:upstream-AbCdEf"
+
+
+def reserved_by_template() -> int:
+    return sum(preflight.template_reserved_concurrency(load_template(TEMPLATE)).values())
+
+
+@pytest.fixture
+def stubbed(aws_env, monkeypatch):
+    """The clients `admin preflight` builds, each with a botocore Stubber to queue answers on."""
+    clients = {name: boto3.client(name, region_name="us-east-1") for name in ("lambda", "cloudformation",
+                                                                               "secretsmanager")}
+    stubs = {name: Stubber(client) for name, client in clients.items()}
+    monkeypatch.setattr(boto3, "client", lambda name, *a, **k: clients[name])
+    for stub in stubs.values():
+        stub.activate()
+    yield stubs
+    for stub in stubs.values():
+        stub.assert_no_pending_responses()
+
+
+def account_settings(limit: int, unreserved: int) -> dict:
+    return {"AccountLimit": {"ConcurrentExecutions": limit, "UnreservedConcurrentExecutions": unreserved}}
+
+
+def no_stack(stubs, name: str = "fib") -> None:
+    stubs["cloudformation"].add_client_error("list_stack_resources", "ValidationError",
+                                             f"Stack with id {name} does not exist")
+
+
+def test_preflight_refuses_an_account_whose_pool_would_drop_below_100(stubbed):
+    # Given a new account's quota of 10 concurrent executions, and no stack yet
+    no_stack(stubbed)
+    stubbed["lambda"].add_response("get_account_settings", account_settings(10, 10))
+    # When the preflight runs
+    result = run("--stack-name", "fib", "--region", "us-east-1", "preflight", "--template", str(TEMPLATE))
+    # Then it fails, saying what the template reserves and what to ask for
+    assert result.exit_code == 1, result.output
+    assert f"the template reserves {reserved_by_template()}" in result.output
+    assert f"unreserved after deploy {10 - reserved_by_template()}" in result.output
+    assert preflight.CONCURRENCY_QUOTA_CODE in result.output
+    assert f"at least {reserved_by_template() + 100}" in result.output
+    assert "not deployed yet" in result.output
+
+
+def test_preflight_passes_an_account_with_room_before_the_first_deploy(stubbed):
+    stubbed["lambda"].add_response("get_account_settings", account_settings(1000, 1000))
+    result = run("preflight", "--template", str(TEMPLATE))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("ok   Lambda concurrency: account quota 1000, unreserved now 1000")
+
+
+def test_preflight_counts_what_the_deployed_stack_holds_and_checks_the_secret(stubbed):
+    # Given a deployed stack whose workers hold the template's reservations, leaving exactly 100,
+    # and whose secret still holds CloudFormation's placeholder
+    reserved = reserved_by_template()
+    stubbed["cloudformation"].add_response("list_stack_resources", {"StackResourceSummaries": [
+        {"LogicalResourceId": "W", "PhysicalResourceId": "fib-W", "ResourceType": "AWS::Lambda::Function",
+         "LastUpdatedTimestamp": "2026-12-01T00:00:00Z", "ResourceStatus": "CREATE_COMPLETE"}]})
+    stubbed["lambda"].add_response("get_account_settings", account_settings(100 + reserved, 100))
+    stubbed["lambda"].add_response("get_function_concurrency", {"ReservedConcurrentExecutions": reserved},
+                                   {"FunctionName": "fib-W"})
+    stubbed["cloudformation"].add_response("describe_stacks", {"Stacks": [{
+        "StackName": "fib", "CreationTime": "2026-12-01T00:00:00Z", "StackStatus": "CREATE_COMPLETE",
+        "Outputs": [{"OutputKey": "UpstreamApiKeySecretArn", "OutputValue": SECRET_ARN}]}]})
+    stubbed["secretsmanager"].add_response("list_secret_version_ids", {"Versions": [
+        {"VersionId": "v1" * 16, "VersionStages": ["AWSCURRENT"]}]})
+    # When the preflight runs against it
+    result = run("--stack-name", "fib", "preflight", "--template", str(TEMPLATE))
+    # Then the concurrency is fine (what the stack holds comes back on update) but the secret is not set
+    assert result.exit_code == 1, result.output
+    assert "ok   Lambda concurrency" in result.output and "unreserved after deploy 100" in result.output
+    assert "FAIL Upstream credential" in result.output and "placeholder" in result.output
+
+
+def test_concurrency_after_deploy_counts_the_stacks_own_reservations():
+    check = preflight.Concurrency(account_limit=1000, unreserved_now=104, template_reserves=24, stack_reserves_now=16)
+    assert check.unreserved_after == 96
+    # 880 reserved by other functions of the account, 24 for the template, 100 left unreserved
+    assert not check.finding().ok and "at least 1004" in check.finding().message

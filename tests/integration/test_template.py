@@ -39,6 +39,7 @@ API_ROUTES = {
 }
 # Environment variables the functions read that are not `Settings` fields.
 NON_SETTINGS_ENV = {
+    "AWS_ENDPOINT_URL",  # read by boto3 itself
     "WORKER_MODEL",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
@@ -340,3 +341,87 @@ def test_batch_table_matches_the_architecture(template: dict[str, Any]) -> None:
         "open-index": [("open_shard", "S"), ("expires_at", "N")],
         "purge-index": [("purge_shard", "S"), ("purge_at", "N")],
     }
+
+
+# ---------------------------------------------------------------- limits, logs, alarms
+
+
+def _alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {i: r["Properties"] for i, r in resources_of_type(template, "AWS::CloudWatch::Alarm").items()}
+
+
+def _alarm_on(alarms: dict[str, dict[str, Any]], namespace: str, metric: str, dimension: Any) -> list[dict[str, Any]]:
+    return [a for a in alarms.values() if a.get("Namespace") == namespace and a.get("MetricName") == metric
+            and dimension in [d["Value"] for d in a.get("Dimensions", [])]]
+
+
+def test_the_http_api_is_throttled_and_logs_every_request(template: dict[str, Any]) -> None:
+    api = template["Resources"]["BatchApi"]["Properties"]
+    throttling = api["DefaultRouteSettings"]
+    assert throttling["ThrottlingBurstLimit"] == {"Ref": "ApiThrottlingBurstLimit"}
+    assert throttling["ThrottlingRateLimit"] == {"Ref": "ApiThrottlingRateLimit"}
+    for name in ("ApiThrottlingBurstLimit", "ApiThrottlingRateLimit"):
+        assert template["Parameters"][name]["Default"] > 0
+    logs = api["AccessLogSettings"]
+    group = template["Resources"][logs["DestinationArn"]["Fn::GetAtt"][0]]
+    assert group["Type"] == "AWS::Logs::LogGroup"
+    assert group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+    line = json.loads(logs["Format"])  # one JSON object per request
+    assert {"requestId", "routeKey", "status"} <= set(line)
+    # Users' keys travel in headers: an access log never holds one.
+    assert "header" not in logs["Format"].lower() and "authorization" not in logs["Format"].lower()
+
+
+def test_every_function_logs_to_its_own_group_with_retention(
+    template: dict[str, Any], functions: dict[str, dict[str, Any]]
+) -> None:
+    assert template["Parameters"]["LogRetentionDays"]["Default"] == 30
+    groups = set()
+    for logical_id, properties in functions.items():
+        group = properties["LoggingConfig"]["LogGroup"]["Ref"]
+        assert template["Resources"][group]["Type"] == "AWS::Logs::LogGroup", logical_id
+        assert template["Resources"][group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+        groups.add(group)
+    assert len(groups) == len(functions)
+
+
+def test_alarms_cover_errors_throttles_schedules_api_and_tables(
+    template: dict[str, Any], functions: dict[str, dict[str, Any]]
+) -> None:
+    alarms = _alarms(template)
+    for alarm in alarms.values():
+        assert alarm["AlarmActions"] == [{"Ref": "AlarmTopic"}]
+    for logical_id, properties in functions.items():
+        function = {"Ref": logical_id}
+        assert _alarm_on(alarms, "AWS/Lambda", "Errors", function), f"{logical_id}: no Errors alarm"
+        assert _alarm_on(alarms, "AWS/Lambda", "Throttles", function), f"{logical_id}: no Throttles alarm"
+        if _events_of_type(properties, "Schedule"):
+            (stopped,) = _alarm_on(alarms, "AWS/Lambda", "Invocations", function)
+            # No invocation writes no data: missing data must count as breaching.
+            assert stopped["TreatMissingData"] == "breaching", logical_id
+            assert stopped["ComparisonOperator"] == "LessThanThreshold" and stopped["Threshold"] == 1
+            rate = _events_of_type(properties, "Schedule")[0]["Schedule"]
+            minutes = int(rate.split("(")[1].split()[0])
+            assert stopped["Period"] * stopped["EvaluationPeriods"] >= 2 * 60 * minutes, logical_id
+    assert _alarm_on(alarms, "AWS/ApiGateway", "5xx", {"Ref": "BatchApi"})
+    for table in resources_of_type(template, "AWS::DynamoDB::Table"):
+        metrics = [
+            m["MetricStat"]["Metric"] for a in alarms.values() for m in a.get("Metrics", []) if "MetricStat" in m
+            if {"Name": "TableName", "Value": {"Ref": table}} in m["MetricStat"]["Metric"]["Dimensions"]
+        ]
+        assert {m["MetricName"] for m in metrics} == {"ReadThrottleEvents", "WriteThrottleEvents"}, table
+
+
+def test_every_alarm_has_a_runbook_entry_in_the_readme(template: dict[str, Any]) -> None:
+    readme = (REPO / "README.md").read_text()
+    for logical_id, alarm in _alarms(template).items():
+        description = alarm["AlarmDescription"]
+        if "README runbook: " in description:
+            entry = description.split("README runbook: ")[1].rstrip(").")
+            assert f"**{entry}**" in readme, f"{logical_id}: README has no runbook entry **{entry}**"
+
+
+def test_reserved_concurrency_leaves_the_account_pool_documented(template: dict[str, Any]) -> None:
+    readme = (REPO / "README.md").read_text()
+    assert "admin --stack-name freeinference-batch --region us-east-1 preflight" in readme
+    assert "100" in readme.split("### Lambda concurrency")[1].split("###")[0]

@@ -11,6 +11,7 @@ from functools import cache
 from typing import Any
 
 import boto3
+from aws_lambda_powertools.utilities.parameters import SecretsProvider
 from botocore.config import Config
 
 _lock = threading.Lock()
@@ -35,6 +36,21 @@ def s3() -> Any:
     return _client("s3")
 
 
+@cache
+def _secrets() -> SecretsProvider:
+    # Our own provider on our own client (not Powertools' module-level default): it follows
+    # reset_clients(), so a new moto endpoint or mock is never read through a stale client.
+    return SecretsProvider(boto3_client=_client("secretsmanager"))
+
+
+def secret_string(secret_id: str, max_age: int) -> str:
+    """A Secrets Manager secret's current value, fetched at most once per `max_age` seconds
+    (Powertools Parameters caches it for the life of the execution environment)."""
+    value = _secrets().get(secret_id, max_age=max_age)
+    return value if isinstance(value, str) else bytes(value).decode("utf-8")
+
+
 def reset_clients() -> None:
-    """Forget cached clients (tests that start a new moto mock)."""
+    """Forget cached clients and cached secrets (tests that start a new moto mock)."""
+    _secrets.cache_clear()
     _client.cache_clear()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,9 +45,16 @@ class Settings(BaseSettings):
     batch_fault_crash_rate: float = Field(0.0, alias="BATCH_FAULT_CRASH_RATE", ge=0, le=1)
     batch_fault_duplicate_rate: float = Field(0.0, alias="BATCH_FAULT_DUPLICATE_RATE", ge=0, le=1)
 
-    # Upstream OpenAI-compatible API.
+    # Upstream OpenAI-compatible API: the base URL ends in /v1 (as OpenAI's SDKs take it); the
+    # workers call <base>/chat/completions.
     upstream_base_url: str = Field("", alias="UPSTREAM_BASE_URL")
+    # The service credential in plain text: the local stack and tests only. Deployed, the workers
+    # get the name of a Secrets Manager secret instead (never the value, which anyone allowed
+    # lambda:GetFunctionConfiguration could read), and read it at run time, cached for
+    # UPSTREAM_API_KEY_MAX_AGE_SECONDS: a rotated credential is in use within that time, no deploy.
     upstream_api_key: str = Field("", alias="UPSTREAM_API_KEY")
+    upstream_api_key_secret: str = Field("", alias="UPSTREAM_API_KEY_SECRET")
+    upstream_api_key_max_age_seconds: int = Field(300, alias="UPSTREAM_API_KEY_MAX_AGE_SECONDS", ge=0)
 
     # Resources (the template passes these to every function; the local stack sets them too).
     batch_table_name: str = Field("freeinference-batch", alias="BATCH_TABLE_NAME")
@@ -58,6 +66,26 @@ class Settings(BaseSettings):
     model_catalog_path: str = Field("", alias="MODEL_CATALOG_PATH")
     # Optional file holding a clock offset in seconds (local stack and tests only).
     clock_offset_file: str = Field("", alias="BATCH_CLOCK_OFFSET_FILE")
+
+    @field_validator("upstream_base_url")
+    @classmethod
+    def _check_upstream_base_url(cls, value: str) -> str:
+        """Refuse a base URL every request would fail on (an upstream answers 404 to a wrong path,
+        which reads as `model_not_found`): better a function that cannot start than a queue of
+        requests that fail one by one. Empty means "not configured" (the API never calls it)."""
+        if not value:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"UPSTREAM_BASE_URL {value!r} is not an http(s) URL")
+        if parts.query or parts.fragment:
+            raise ValueError(f"UPSTREAM_BASE_URL {value!r} has a query or fragment; give the base URL only")
+        if not parts.path.rstrip("/").endswith("/v1"):
+            raise ValueError(
+                f"UPSTREAM_BASE_URL {value!r} must end in /v1 (e.g. https://gateway.internal/v1): "
+                "the workers call <base>/chat/completions"
+            )
+        return value
 
     @field_validator("model_queue_urls", mode="before")
     @classmethod

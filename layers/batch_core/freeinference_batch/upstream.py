@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import requests
 
+from freeinference_batch import aws
 from freeinference_batch.settings import Settings
 
 _local = threading.local()
@@ -118,13 +119,22 @@ def _completion(response: requests.Response, text: bytes) -> Outcome:
     return Outcome("completed", response={"status_code": 200, "request_id": request_id, "body": completion})
 
 
+def api_key(settings: Settings) -> str:
+    """The service credential in force now: the secret's current value when one is configured
+    (cached a few minutes, so rotating it needs no deploy), else the plain setting (local stack)."""
+    if settings.upstream_api_key_secret:
+        return aws.secret_string(settings.upstream_api_key_secret, settings.upstream_api_key_max_age_seconds)
+    return settings.upstream_api_key
+
+
 def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str) -> Outcome:
     """Send one chat completion (its body as the JSON bytes stored at create) as the owner's
     account, with the service credential (we keep only hashes of users' keys, never the keys)."""
     headers = {"X-FreeInference-Account": account_id, "X-FreeInference-Request-Id": request_ref,
                "X-FreeInference-Source": "batch", "Content-Type": "application/json"}
-    if settings.upstream_api_key:
-        headers["Authorization"] = f"Bearer {settings.upstream_api_key}"
+    key = api_key(settings)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     url = settings.upstream_base_url.rstrip("/") + "/chat/completions"
     timeout = settings.batch_upstream_timeout_seconds
     try:

@@ -150,10 +150,15 @@ _TIER_HELP = "Account tier: internal (may create batches) or standard"
     help=f"Deployed CloudFormation stack to act on (env {STACK_NAME_ENV}); default: the local stack "
     "if .local-stack/state.json exists here, else the plain environment.",
 )
+@click.option("--region", default=None, help="AWS region of the deployed stack (default: the AWS environment's).")
 @click.pass_context
-def admin(ctx: click.Context, stack_name: str | None) -> None:
-    """Manage API keys, accounts and model load."""
+def admin(ctx: click.Context, stack_name: str | None, region: str | None) -> None:
+    """Manage API keys, accounts and model load; check an account before a deploy."""
     ctx.ensure_object(dict)["stack_name"] = stack_name
+    if region:
+        # boto3 reads the region from the environment; every client built from here on uses it.
+        os.environ["AWS_DEFAULT_REGION"] = region
+        aws.reset_clients()
 
 
 @admin.command("create-key")
@@ -227,3 +232,22 @@ def set_load_command(ctx: click.Context, model: str, inflight: int) -> None:
         raise click.ClickException(f"Unknown model {model!r}; known: {', '.join(sorted(catalog.models))}")
     accounts.set_model_load(settings, model, inflight)
     click.echo(f"{model}: {inflight} interactive requests in flight")
+
+
+@admin.command("preflight")
+@click.option("--template", "template_path", type=click.Path(exists=True, dir_okay=False), default="template.yaml",
+              show_default=True, help="The template to deploy")
+@click.pass_context
+@_clear_errors
+def preflight_command(ctx: click.Context, template_path: str) -> None:
+    """Check the account before a deploy (Lambda concurrency: the unreserved pool must stay >= 100)
+    and, with --stack-name, the deployed stack (the upstream credential was put in its secret)."""
+    from freeinference_batch.cli import preflight
+    from freeinference_batch.local.template import load_template  # PyYAML: the dev install has it
+
+    clients = {name: boto3.client(name) for name in ("lambda", "cloudformation", "secretsmanager")}
+    findings = preflight.run(load_template(template_path), ctx.obj.get("stack_name"), clients)
+    for finding in findings:
+        click.echo(f"{'ok  ' if finding.ok else 'FAIL'} {finding.message}")
+    if not all(finding.ok for finding in findings):
+        raise SystemExit(1)

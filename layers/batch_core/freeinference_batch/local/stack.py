@@ -35,6 +35,12 @@ from freeinference_batch.local.handlers import (
     functions_from_template,
     repo_root,
 )
+from freeinference_batch.local.sam_env import (
+    SAMPLE_EVENTS_ACCOUNT,
+    SAMPLE_EVENTS_KEY,
+    sam_env_vars,
+    write_sam_env,
+)
 from freeinference_batch.local.template import load_template
 
 log = logging.getLogger("freeinference_batch.local")
@@ -42,7 +48,8 @@ log = logging.getLogger("freeinference_batch.local")
 DEFAULT_PORT = 8080
 DEV_ACCOUNT_ID = "dev"
 DEV_KEY_ENV = "FREEINFERENCE_DEV_KEY"
-_SUPPORTED_TYPES = ("AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::S3::Bucket")
+LOCAL_HOST_ENV = "LOCAL_STACK_HOST"
+_SUPPORTED_TYPES = ("AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::S3::Bucket", "AWS::SecretsManager::Secret")
 _PSEUDO = {
     "AWS::Region": LOCAL_REGION,
     "AWS::AccountId": LOCAL_ACCOUNT_ID,
@@ -114,6 +121,7 @@ class TemplateResources:
                 "AWS::DynamoDB::Table": self._table,
                 "AWS::SQS::Queue": self._queue,
                 "AWS::S3::Bucket": self._bucket,
+                "AWS::SecretsManager::Secret": self._secret,
             }[kind]
             self.physical[logical_id] = create(logical_id, properties)
         finally:
@@ -188,6 +196,18 @@ class TemplateResources:
             "DomainName": f"{name}.s3.amazonaws.com",
             "RegionalDomainName": f"{name}.s3.{LOCAL_REGION}.amazonaws.com",
         }
+
+    def _secret(self, logical_id: str, properties: dict[str, Any]) -> dict[str, Any]:
+        # As CloudFormation does: the given SecretString, else a generated value (the template's
+        # secrets are placeholders an operator replaces; the simulated upstream ignores them).
+        name = properties.get("Name") or self._name(logical_id, 512)
+        value = properties.get("SecretString")
+        if value is None:
+            import secrets
+
+            value = secrets.token_urlsafe(24)
+        arn = self.clients["secretsmanager"].create_secret(Name=name, SecretString=value)["ARN"]
+        return {"Ref": arn, "Id": arn}
 
     # ------------------------------------------------------------ intrinsics
 
@@ -332,6 +352,8 @@ class LocalStack:
         self.started_in: float | None = None
         self._saved_env: dict[str, str | None] = {}
         self._state_written = False
+        # `.local-stack/sam-env.json`: the env-vars file for `sam local` (written with the state file).
+        self.sam_env_file: Path | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -387,9 +409,13 @@ class LocalStack:
         session = boto3.session.Session(
             region_name=LOCAL_REGION, aws_access_key_id="test", aws_secret_access_key="test"
         )
-        clients = {name: session.client(name, endpoint_url=self.moto_endpoint) for name in ("dynamodb", "sqs", "s3")}
+        clients = {
+            name: session.client(name, endpoint_url=self.moto_endpoint)
+            for name in ("dynamodb", "sqs", "s3", "secretsmanager")
+        }
         resources = TemplateResources(template, clients)
         resources.create_all()
+        self._put_upstream_key(template, resources, clients["secretsmanager"])
         template_env, from_resources = template_environment(template, resources)
         env = {}
         for name, value in template_env.items():
@@ -417,6 +443,8 @@ class LocalStack:
         self.dev_key = accounts.create_key(
             get_settings(), DEV_ACCOUNT_ID, tier="internal", key=os.environ.get(DEV_KEY_ENV) or None
         )
+        # The key the sample events carry, so `sam local invoke -e events/...` works against this stack.
+        accounts.create_key(get_settings(), SAMPLE_EVENTS_ACCOUNT, tier="internal", key=SAMPLE_EVENTS_KEY)
 
         self.functions = functions_from_template(template, self.root)
         self._warn_per_function_env(template)
@@ -434,7 +462,21 @@ class LocalStack:
             from freeinference_batch.local.state import write_state
 
             write_state(self.env, self.base_url, self.state_dir)
+            self.sam_env_file = write_sam_env(sam_env_vars(template, resources, self.env), self.state_dir)
             self._state_written = True
+
+    @staticmethod
+    def _put_upstream_key(template: dict[str, Any], resources: TemplateResources, secrets: Any) -> None:
+        """A credential given as UPSTREAM_API_KEY (a real upstream, run locally) also goes in the
+        secret the workers name, so that `sam local`'s workers, which read it there, send it too."""
+        key = os.environ.get("UPSTREAM_API_KEY")
+        if not key:
+            return
+        for resource in (template.get("Resources") or {}).values():
+            variables = ((resource.get("Properties") or {}).get("Environment") or {}).get("Variables") or {}
+            if "UPSTREAM_API_KEY_SECRET" in variables:
+                secrets.put_secret_value(SecretId=resources.resolve(variables["UPSTREAM_API_KEY_SECRET"]),
+                                         SecretString=key)
 
     def _wake_pollers_on_send(self) -> None:
         """Emulate long polling: whenever this process sends a message or makes one visible
@@ -505,7 +547,9 @@ class LocalStack:
         # Only those that change a setting matter (WORKER_MODEL-style labels are harmless).
         function_globals = (template.get("Globals") or {}).get("Function") or {}
         globals_env = (function_globals.get("Environment") or {}).get("Variables") or {}
-        settings_names = _settings_env_names()
+        # The workers' UPSTREAM_API_KEY_SECRET is left out on purpose: locally they send
+        # UPSTREAM_API_KEY (empty unless set: the simulated upstream needs no credential).
+        settings_names = _settings_env_names() - {"UPSTREAM_API_KEY_SECRET"}
         for logical_id in self.functions:
             properties = template["Resources"][logical_id].get("Properties") or {}
             own = (properties.get("Environment") or {}).get("Variables") or {}
@@ -540,6 +584,9 @@ class LocalStack:
         if self._state_written:
             from freeinference_batch.local.state import remove_state
 
+            if self.sam_env_file is not None:
+                self.sam_env_file.unlink(missing_ok=True)
+                self.sam_env_file = None
             remove_state(self.state_dir)
             self._state_written = False
         self._restore_env()
@@ -628,7 +675,9 @@ def run_local_stack() -> None:
     sys.stdout.flush()
     real_stdout = os.dup(1)
     os.dup2(2, 1)  # fd 1 is stderr from now on: only our one line reaches the real stdout
-    stack = LocalStack()
+    # 127.0.0.1 unless LOCAL_STACK_HOST says otherwise: on Linux, `sam local`'s containers reach
+    # the host only on an address other than loopback (LOCAL_STACK_HOST=0.0.0.0, README).
+    stack = LocalStack(host=os.environ.get(LOCAL_HOST_ENV) or "127.0.0.1")
     try:
         try:
             stack.start()

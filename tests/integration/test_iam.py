@@ -1,0 +1,413 @@
+"""Least privilege: each function's IAM statements grant the calls its code makes, and little more.
+
+A scenario runs every function's handler on moto (batches created, run with retries, waits for
+slots, a body and an answer too big for an item, results read, a batch cancelled, one deleted,
+one expired, then swept and purged) while a hook on botocore records each AWS call as the IAM
+action it needs and the resource it touches, keyed by the function whose handler made it. The
+template must grant every recorded (action, resource) to that function, and every grant must be
+used in the scenario or be listed below with the reason it is there.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import fnmatch
+import json
+import random
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.client import BaseClient
+from freeinference_batch import accounts, aws, upstream
+from freeinference_batch.local.handlers import LOCAL_STACK_NAME, LambdaContext, load_handler
+from freeinference_batch.local.template import function_properties, load_template, resources_of_type
+
+from tests.integration.conftest import sample_request
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "template.yaml"
+PACKAGE = REPO / "layers" / "batch_core" / "freeinference_batch"
+MODELS = sorted(json.loads((PACKAGE / "models.json").read_text())["models"])
+
+# Grants the scenario does not exercise, each with why the code needs it: (function, action, resource).
+UNEXERCISED: dict[tuple[str, str, str], str] = {}
+
+
+def _worker_queues(template: dict[str, Any]) -> dict[str, str]:
+    """Worker function logical id -> the queue its SQS event reads."""
+    return {i: e["Properties"]["Queue"]["Fn::GetAtt"][0]
+            for i in resources_of_type(template, "AWS::Serverless::Function")
+            for e in function_properties(template, i).get("Events", {}).values() if e["Type"] == "SQS"}
+
+
+def _cross_model_wakes(template: dict[str, Any]) -> dict[tuple[str, str, str], str]:
+    queues = _worker_queues(template)
+    return {(worker, "sqs:ChangeMessageVisibility", other): "waking another model's waiting chain (an account's "
+            "slots are shared by its models): whether the scenario's chains cross models is a matter of timing"
+            for worker, own in queues.items() for other in queues.values() if other != own}
+
+
+# botocore operation -> the IAM action it needs (the ones this code makes; transactions below).
+ACTIONS = {
+    ("dynamodb", "GetItem"): "dynamodb:GetItem",
+    ("dynamodb", "PutItem"): "dynamodb:PutItem",
+    ("dynamodb", "UpdateItem"): "dynamodb:UpdateItem",
+    ("dynamodb", "DeleteItem"): "dynamodb:DeleteItem",
+    ("dynamodb", "Query"): "dynamodb:Query",
+    ("dynamodb", "BatchGetItem"): "dynamodb:BatchGetItem",
+    ("dynamodb", "BatchWriteItem"): "dynamodb:BatchWriteItem",
+    ("s3", "GetObject"): "s3:GetObject",
+    ("s3", "HeadObject"): "s3:GetObject",
+    ("s3", "PutObject"): "s3:PutObject",
+    ("s3", "DeleteObject"): "s3:DeleteObject",
+    ("s3", "ListObjectsV2"): "s3:ListBucket",
+    ("sqs", "SendMessage"): "sqs:SendMessage",
+    ("sqs", "SendMessageBatch"): "sqs:SendMessage",
+    ("sqs", "ChangeMessageVisibility"): "sqs:ChangeMessageVisibility",
+    ("sqs", "ChangeMessageVisibilityBatch"): "sqs:ChangeMessageVisibility",
+    ("sqs", "DeleteMessage"): "sqs:DeleteMessage",
+    ("secretsmanager", "GetSecretValue"): "secretsmanager:GetSecretValue",
+    ("s3", "DeleteObjects"): "s3:DeleteObject",
+}
+# TransactWriteItems is authorized item by item (DynamoDB's "IAM with transactions").
+TRANSACT_ACTIONS = {"Put": "dynamodb:PutItem", "Update": "dynamodb:UpdateItem", "Delete": "dynamodb:DeleteItem",
+                    "ConditionCheck": "dynamodb:ConditionCheckItem", "Get": "dynamodb:GetItem"}
+
+
+class Recorder:
+    """(function logical id, IAM action, resource) for every AWS call a handler makes."""
+
+    def __init__(self, template: dict[str, Any]) -> None:
+        self.logical_ids = list(template["Resources"])
+        # Queues the template names itself (`QueueName: !Sub "${AWS::StackName}-..."`), as the local stack does.
+        self.named = {_template_name(r).replace("${AWS::StackName}", LOCAL_STACK_NAME): i
+                      for i, r in template["Resources"].items() if _template_name(r)}
+        self.function: str | None = None
+        self.calls: set[tuple[str, str, str]] = set()
+        self.operations: set[tuple[str, str]] = set()
+
+    def logical(self, physical: str) -> str:
+        name = physical.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        if name in self.named:
+            return self.named[name]
+        name = name.removeprefix(f"{LOCAL_STACK_NAME}-").lower()
+        for logical_id in self.logical_ids:
+            if name == logical_id.lower() or name.startswith(logical_id.lower() + "-"):
+                return logical_id
+        raise AssertionError(f"no template resource for {physical!r}")
+
+    def record(self, service: str, operation: str, params: dict[str, Any]) -> None:
+        self.operations.add((service, operation))
+        if self.function is None:  # not a handler's call (the test's own, or the pump's receive)
+            return
+        for action, resource in self._needs(service, operation, params):
+            self.calls.add((self.function, action, resource))
+
+    def _needs(self, service: str, operation: str, params: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        if service == "dynamodb" and operation == "TransactWriteItems":
+            for item in params["TransactItems"]:
+                ((kind, request),) = item.items()
+                yield TRANSACT_ACTIONS[kind], self.logical(request["TableName"])
+            return
+        if service == "dynamodb" and operation in ("BatchGetItem", "BatchWriteItem"):
+            for table in params["RequestItems"]:
+                yield ACTIONS[service, operation], self.logical(table)
+            return
+        action = ACTIONS.get((service, operation))
+        assert action, f"{service}.{operation} has no IAM action in this test: add it"
+        if service == "dynamodb":
+            resource = self.logical(params["TableName"])
+            yield action, resource + (f"/index/{params['IndexName']}" if params.get("IndexName") else "")
+        elif service == "s3":
+            bucket = self.logical(params["Bucket"])
+            if operation == "ListObjectsV2":
+                yield action, bucket
+            elif operation == "DeleteObjects":
+                for obj in params["Delete"]["Objects"]:
+                    yield "s3:DeleteObject", f"{bucket}/{obj['Key']}"
+            else:
+                yield action, f"{bucket}/{params['Key']}"
+        elif service == "sqs":
+            yield action, self.logical(params["QueueUrl"])
+        elif service == "secretsmanager":
+            yield action, self.logical(params["SecretId"])
+
+
+# ---------------------------------------------------------------- what the template grants
+
+
+def _template_name(resource: dict[str, Any]) -> str:
+    """The `${AWS::StackName}-...` name a template gives a queue itself, or ""."""
+    name = (resource.get("Properties") or {}).get("QueueName")
+    return name["Fn::Sub"] if isinstance(name, dict) and isinstance(name.get("Fn::Sub"), str) else ""
+
+
+_QUEUE_ARN = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:"
+
+
+def _resources(value: Any, template: dict[str, Any]) -> list[str]:
+    """A statement's resource as `<LogicalId>[/rest]`; a queue ARN pattern (`<stack>-model-*`)
+    as every queue of the template whose name it matches."""
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        resource, attribute = value["Fn::GetAtt"]
+        assert attribute == "Arn", value
+        return [resource]
+    if isinstance(value, dict) and "Ref" in value:
+        return [value["Ref"]]
+    if isinstance(value, dict) and isinstance(value.get("Fn::Sub"), str):
+        text = value["Fn::Sub"]
+        if text.startswith(_QUEUE_ARN):
+            pattern = text.removeprefix(_QUEUE_ARN)
+            assert pattern.startswith("${AWS::StackName}-"), f"a queue pattern must stay in the stack's names: {text}"
+            matched = [i for i, r in template["Resources"].items()
+                       if _template_name(r) and fnmatch.fnmatchcase(_template_name(r), pattern)]
+            assert matched, f"{text} matches no queue of the template"
+            return matched
+        match = re.fullmatch(r"\$\{(\w+)\.Arn\}(/.*)?", text)
+        assert match, f"cannot read resource {value!r}"
+        return [match.group(1) + (match.group(2) or "")]
+    raise AssertionError(f"a resource must name a template resource, not {value!r}")
+
+
+def grants(template: dict[str, Any], logical_id: str) -> set[tuple[str, str]]:
+    """(action, resource pattern) for every Allow statement of a function's Policies."""
+    out = set()
+    for policy in function_properties(template, logical_id).get("Policies", []):
+        assert isinstance(policy, dict) and set(policy) == {"Statement"}, (
+            f"{logical_id}: only inline statements, no managed or SAM policy templates ({policy!r})")
+        for statement in policy["Statement"]:
+            assert statement["Effect"] == "Allow"
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            for action in actions:
+                assert "*" not in action, f"{logical_id}: wildcard action {action}"
+                out.update((action, name) for resource in resources for name in _resources(resource, template))
+    return out
+
+
+def _granted(granted: set[tuple[str, str]], action: str, resource: str) -> bool:
+    return any(a == action and fnmatch.fnmatchcase(resource, pattern) for a, pattern in granted)
+
+
+# ---------------------------------------------------------------- the scenario
+
+
+@pytest.fixture
+def recorder(harness, monkeypatch) -> Recorder:
+    template = load_template(TEMPLATE)
+    rec = Recorder(template)
+    make_api_call = BaseClient._make_api_call
+
+    def recording(self: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        rec.record(self.meta.service_model.service_name, operation, params)
+        return make_api_call(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", recording)
+
+    functions = {i: function_properties(template, i) for i in resources_of_type(template, "AWS::Serverless::Function")}
+    queue_function = {}
+    for logical_id, properties in functions.items():
+        for event in properties.get("Events", {}).values():
+            if event["Type"] == "SQS":
+                queue_function[event["Properties"]["Queue"]["Fn::GetAtt"][0]] = logical_id
+    api_function = next(i for i, p in functions.items() if p["CodeUri"].rstrip("/").endswith("api"))
+
+    def as_function(handler: Callable, function: Callable[[], str]) -> Callable:
+        def run(event: Any, context: Any) -> Any:
+            rec.function = function()
+            try:
+                return handler(event, context)
+            finally:
+                rec.function = None
+        return run
+
+    pumping: list[str] = []
+    harness.api_handler = as_function(harness.api_handler, lambda: api_function)
+    harness.worker_handler = as_function(harness.worker_handler, lambda: queue_function[pumping[-1]])
+    pump_once = harness.pump_once
+
+    def pump(queue_url: str) -> int:
+        pumping.append(rec.logical(queue_url))
+        return pump_once(queue_url)
+
+    harness.pump_once = pump
+    rec.schedules = {  # type: ignore[attr-defined]
+        p["Handler"].partition(".")[2]: as_function(load_handler("schedules", p["Handler"].partition(".")[2]),
+                                                    lambda i=i: i)
+        for i, p in functions.items() if p["CodeUri"].rstrip("/").endswith("schedules")
+    }
+    return rec
+
+
+def big_answer(letter: str) -> upstream.Outcome:
+    body = {"object": "chat.completion", "choices": [{"message": {"content": letter * 400_000}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    return upstream.Outcome("completed", response={"status_code": 200, "request_id": "r", "body": body})
+
+
+class WorkerDied(BaseException):
+    """The Lambda running a request is killed mid-run: nothing cleans up."""
+
+
+def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
+    # The workers read the upstream credential from the template's secret, as deployed.
+    secret_arn = aws._client("secretsmanager").describe_secret(
+        SecretId=f"{LOCAL_STACK_NAME}-UpstreamApiKeySecret")["ARN"]
+    # (max age 0: every run reads it, so each worker's read is seen, as on AWS where each has its own cache)
+    harness.configure(UPSTREAM_API_KEY_SECRET=secret_arn, UPSTREAM_API_KEY_MAX_AGE_SECONDS=0)
+    real_call = upstream.call
+
+    def call(settings, body: bytes, **kwargs: Any) -> upstream.Outcome:
+        if b"Dies" in body:
+            raise WorkerDied
+        return big_answer("A") if b"BigAnswer" in body else real_call(settings, body, **kwargs)
+
+    monkeypatch.setattr(upstream, "call", call)
+    context = LambdaContext("schedule", 512, 300)
+    # An account with two concurrent requests: chains of both models wait for its slots and
+    # wake each other (across queues).
+    accounts.set_account(harness.settings, "acct-1", concurrency=2)
+    # A body too big for an item, whatever the compression (random text).
+    big_body = base64.b64encode(random.Random(7).randbytes(450_000)).decode()
+
+    def requests(tag: str) -> list[dict]:
+        out = []
+        for model in MODELS:
+            out += [sample_request(f"{tag}-{model}-{i}", model=model) for i in range(5)]
+            out += [sample_request(f"{tag}-{model}-retry", "[sim:fail=503*1] again", model=model),
+                    sample_request(f"{tag}-{model}-big-answer", "BigAnswer", model=model)]
+        return out
+
+    first = harness.create([*requests("a"), sample_request("big-body", big_body)])
+    second = harness.create(requests("b"))
+    for batch in (first, second):
+        assert harness.run_to_final(batch["id"], timeout=90)["status"] == "completed"
+    status, page = harness.call("GET", f"/v1/batches/{first['id']}/results?limit=1000")
+    assert status == 200 and len(page["data"]) == 15
+    status, _ = harness.call("GET", "/v1/batches?limit=5")
+    assert status == 200
+
+    # A run that dies mid-request and a message that is lost: the sweep takes both back.
+    lost = harness.create([sample_request("d-0", "Dies"), sample_request("l-0", model=MODELS[1])])
+    with pytest.raises(WorkerDied):
+        harness.pump_once(harness.queues[MODELS[0]])
+    sqs = aws.sqs()
+    for message in sqs.receive_message(QueueUrl=harness.queues[MODELS[1]], MaxNumberOfMessages=10)["Messages"]:
+        sqs.delete_message(QueueUrl=harness.queues[MODELS[1]], ReceiptHandle=message["ReceiptHandle"])
+    harness.advance_clock(harness.settings.lease_seconds + harness.settings.batch_dispatch_lease_seconds + 60)
+    recorder.schedules["sweep_handler"]({}, context)
+    monkeypatch.setattr(upstream, "call", real_call)
+    assert harness.run_to_final(lost["id"])["status"] == "completed"
+
+    cancelled = harness.create([sample_request("c-0")])
+    status, _ = harness.call("POST", f"/v1/batches/{cancelled['id']}/cancel")
+    assert status == 200
+    status, _ = harness.call("DELETE", f"/v1/batches/{first['id']}")
+    assert status == 200
+
+    expiring = harness.create([sample_request("e-0"), sample_request("e-1", model=MODELS[1])])
+    harness.advance_clock(harness.settings.batch_completion_window_seconds + 3700)
+    recorder.schedules["expire_handler"]({}, context)
+    recorder.schedules["sweep_handler"]({}, context)
+    harness.run_until(lambda: harness.batch(expiring["id"])["status"] == "expired")
+    recorder.schedules["purge_handler"]({}, context)  # the deleted batch goes at once
+    harness.advance_clock(harness.settings.batch_retention_seconds + 60)
+    recorder.schedules["purge_handler"]({}, context)
+
+
+# Operations in the package that no function makes: (service, operation) -> who makes them.
+NOT_BY_FUNCTIONS = {
+    ("dynamodb", "PutItem"): "accounts_table.put_model_load: `admin set-load` (and the interactive gateway)",
+}
+
+
+def package_operations() -> set[tuple[str, str]]:
+    """Every AWS operation the package's code can call (`aws.<service>().<method>(...)`)."""
+    found = {("secretsmanager", "GetSecretValue")}  # through Powertools Parameters (aws.secret_string)
+    for path in PACKAGE.rglob("*.py"):
+        if {"local", "cli"} & set(path.relative_to(PACKAGE).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            client = node.func.value
+            if (isinstance(client, ast.Call) and isinstance(client.func, ast.Attribute)
+                    and isinstance(client.func.value, ast.Name) and client.func.value.id == "aws"):
+                method = node.func.attr
+                if method == "get_paginator":
+                    method = node.args[0].value  # type: ignore[attr-defined]
+                found.add((client.func.attr, "".join(part.title() for part in method.split("_"))))
+    return found - set(NOT_BY_FUNCTIONS)
+
+
+def needs_by_function(recorder: Recorder, template: dict[str, Any]) -> dict[str, set[tuple[str, str]]]:
+    """What each function must be allowed. The workers run the same code, so what one was seen
+    to need every worker needs: on its own queue what a worker did on its own, on every model's
+    queue what a worker did on another's (waking another model's waiting chain)."""
+    functions = {i: function_properties(template, i) for i in resources_of_type(template, "AWS::Serverless::Function")}
+    own_queue = {i: e["Properties"]["Queue"]["Fn::GetAtt"][0] for i, p in functions.items()
+                 for e in p.get("Events", {}).values() if e["Type"] == "SQS"}
+    needs: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for function, action, resource in recorder.calls:
+        needs[function].add((action, resource))
+    shared = set()
+    for worker, queue in own_queue.items():
+        for action, resource in needs.pop(worker, set()):
+            if resource == queue:
+                shared.add((action, "<own>"))
+            elif resource in own_queue.values():
+                shared.update((action, q) for q in own_queue.values())
+            else:
+                shared.add((action, resource))
+    for worker, queue in own_queue.items():
+        needs[worker] = {(a, queue if r == "<own>" else r) for a, r in shared}
+    return needs
+
+
+def test_each_function_is_granted_what_it_calls_and_little_more(harness, recorder, monkeypatch):
+    run_scenario(harness, recorder, monkeypatch)
+    template = load_template(TEMPLATE)
+
+    # The scenario reached every operation the code can make (else a grant could be missing).
+    assert package_operations() <= recorder.operations, package_operations() - recorder.operations
+
+    needs = needs_by_function(recorder, template)
+    functions = resources_of_type(template, "AWS::Serverless::Function")
+    assert {f for f, calls in needs.items() if calls} == set(functions), "every function ran in the scenario"
+
+    for function in functions:
+        granted = grants(template, function)
+        missing = sorted((a, r) for a, r in needs[function] if not _granted(granted, a, r))
+        assert not missing, f"{function} calls what its role does not allow: {missing}"
+        unused = sorted(
+            (action, pattern) for action, pattern in granted
+            if not any(a == action and fnmatch.fnmatchcase(r, pattern) for a, r in needs[function])
+            and (function, action, pattern) not in {**UNEXERCISED, **_cross_model_wakes(template)})
+        assert not unused, f"{function} is granted what it never calls: {unused}"
+
+
+def test_no_function_may_scan_or_delete_items_one_by_one() -> None:
+    # The calls DynamoDBCrudPolicy used to allow on whole tables, which no code makes.
+    template = load_template(TEMPLATE)
+    for function in resources_of_type(template, "AWS::Serverless::Function"):
+        actions = {action for action, _ in grants(template, function)}
+        assert not actions & {"dynamodb:Scan", "dynamodb:DeleteItem", "dynamodb:DeleteTable"}, function
+
+
+def test_no_statement_lists_every_models_queue() -> None:
+    # A new model must need no IAM change: what reaches every model's queue does so by the
+    # stack's name pattern; a queue named in a statement is a worker's own.
+    template = load_template(TEMPLATE)
+    own = _worker_queues(template)
+    for function in resources_of_type(template, "AWS::Serverless::Function"):
+        for policy in function_properties(template, function).get("Policies", []):
+            for statement in policy["Statement"]:
+                listed = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+                queues = {r["Fn::GetAtt"][0] for r in listed if isinstance(r, dict) and "Fn::GetAtt" in r
+                          and template["Resources"][r["Fn::GetAtt"][0]]["Type"] == "AWS::SQS::Queue"}
+                assert queues <= {own.get(function)}, f"{function} lists queues {sorted(queues)}"

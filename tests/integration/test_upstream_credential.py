@@ -1,0 +1,223 @@
+"""The upstream credential and base URL: read from Secrets Manager at run time (rotating it needs
+no deploy), never from a function's environment; a base URL that cannot work stops a cold start."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import boto3
+import pytest
+from freeinference_batch import aws, upstream
+from freeinference_batch.local.stack import TemplateResources
+from freeinference_batch.local.template import function_properties, load_template, resources_of_type
+from freeinference_batch.settings import Settings
+from moto import mock_aws
+from pydantic import ValidationError
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "template.yaml"
+COMPLETION = b'{"id": "c", "object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 1}}'
+
+
+class RecordingUpstream:
+    """An upstream that answers every completion and remembers the Authorization headers it got."""
+
+    def __init__(self) -> None:
+        self.authorizations: list[str | None] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.authorizations.append(self.headers.get("Authorization"))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(COMPLETION)))
+                self.end_headers()
+                self.wfile.write(COMPLETION)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recording_upstream() -> Iterator[RecordingUpstream]:
+    server = RecordingUpstream()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def moto_env(monkeypatch) -> Iterator[None]:
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        aws.reset_clients()
+        yield
+    aws.reset_clients()
+
+
+def _template_secret_arn() -> str:
+    """The template's UpstreamApiKeySecret, created on moto as the local stack creates it."""
+    clients = {"secretsmanager": boto3.client("secretsmanager")}
+    resources = TemplateResources(load_template(TEMPLATE), clients)
+    return resources.ensure("UpstreamApiKeySecret")["Ref"]
+
+
+def test_rotating_the_secret_reaches_the_workers_without_a_deploy(moto_env, recording_upstream, monkeypatch):
+    # Given the template's secret holding the first credential, and a worker's settings naming it
+    # (as the template's UPSTREAM_API_KEY_SECRET does), with a 1 s cache
+    arn = _template_secret_arn()
+    secrets = boto3.client("secretsmanager")
+    secrets.put_secret_value(SecretId=arn, SecretString="upstream-key-1")
+    settings = Settings(UPSTREAM_BASE_URL=recording_upstream.base_url, UPSTREAM_API_KEY_SECRET=arn,
+                        UPSTREAM_API_KEY_MAX_AGE_SECONDS=1)
+    fetches: list[str] = []
+    aws._client("secretsmanager").meta.events.register(
+        "before-call.secrets-manager.GetSecretValue", lambda **_: fetches.append("fetch"))
+
+    def call() -> None:
+        outcome = upstream.call(settings, b'{"model": "m", "messages": []}', account_id="a", request_ref="b:0")
+        assert outcome.kind == "completed", outcome
+
+    # When requests run, the credential is rotated (a new secret value, nothing redeployed),
+    # and requests run on
+    call()
+    call()
+    secrets.put_secret_value(SecretId=arn, SecretString="upstream-key-2")
+    call()  # within the cache's max age: still the old value, which the upstream accepts during rotation
+    time.sleep(1.1)
+    call()
+
+    # Then the same settings (same environment, no deploy) send the new credential once the cache expires,
+    # and the secret is read once per max age, not once per request
+    assert recording_upstream.authorizations == [
+        "Bearer upstream-key-1", "Bearer upstream-key-1", "Bearer upstream-key-1", "Bearer upstream-key-2"]
+    assert fetches == ["fetch", "fetch"]
+
+
+def test_without_a_secret_the_plain_setting_is_sent_and_nothing_when_empty(moto_env, recording_upstream):
+    # The local stack's case: the simulated upstream needs no credential.
+    for key, expected in (("local-key", "Bearer local-key"), ("", None)):
+        settings = Settings(UPSTREAM_BASE_URL=recording_upstream.base_url, UPSTREAM_API_KEY=key)
+        upstream.call(settings, b"{}", account_id="a", request_ref="b:0")
+        assert recording_upstream.authorizations[-1] == expected
+
+
+# ---------------------------------------------------------------- the template
+
+
+def test_no_function_environment_holds_a_credential_and_only_workers_may_read_the_secret() -> None:
+    template = load_template(TEMPLATE)
+    assert not any(p.get("NoEcho") for p in template["Parameters"].values()), "credentials are not parameters"
+    functions = resources_of_type(template, "AWS::Serverless::Function")
+    readers = set()
+    for logical_id in functions:
+        properties = function_properties(template, logical_id)
+        variables = properties["Environment"]["Variables"]
+        assert "UPSTREAM_API_KEY" not in variables, logical_id
+        statements = [s for p in properties.get("Policies", []) if isinstance(p, dict) for s in p.get("Statement", [])]
+        if any("secretsmanager:GetSecretValue" in _list(s["Action"]) for s in statements):
+            readers.add(logical_id)
+            assert variables["UPSTREAM_API_KEY_SECRET"] == {"Ref": "UpstreamApiKeySecret"}
+        else:
+            assert "UPSTREAM_API_KEY_SECRET" not in variables, logical_id
+    workers = {i for i, f in functions.items() if "WORKER_MODEL" in f["Properties"].get("Environment", {})
+               .get("Variables", {})}
+    assert readers == workers and workers
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+# ---------------------------------------------------------------- the base URL
+
+GOOD = ["https://gateway.internal/v1", "https://gateway.internal/v1/", "https://openrouter.ai/api/v1",
+        "https://gw.example.com:8443/v1"]
+BAD = ["https://gateway.internal", "https://gateway.internal/", "https://gateway.internal/v1/chat/completions",
+       "https://gateway.internal/v2", "ftp://gateway.internal/v1", "gateway.internal/v1",
+       "https://gateway.internal/v1?key=x", "https:///v1"]
+
+
+@pytest.mark.parametrize("url", GOOD)
+def test_settings_accept_a_base_url_ending_in_v1(url: str) -> None:
+    assert Settings(UPSTREAM_BASE_URL=url).upstream_base_url == url
+
+
+@pytest.mark.parametrize("url", BAD)
+def test_settings_refuse_a_base_url_that_cannot_work(url: str) -> None:
+    with pytest.raises(ValidationError, match="UPSTREAM_BASE_URL"):
+        Settings(UPSTREAM_BASE_URL=url)
+
+
+def test_the_template_pattern_agrees_with_settings() -> None:
+    parameter = load_template(TEMPLATE)["Parameters"]["UpstreamBaseUrl"]
+    assert "Default" not in parameter, "the upstream must be chosen at deploy"
+    assert "/chat/completions" in parameter["Description"] and "/v1" in parameter["Description"]
+    pattern = re.compile(parameter["AllowedPattern"])
+    for url in GOOD:
+        assert pattern.fullmatch(url), url
+    for url in BAD:
+        assert not pattern.fullmatch(url), url
+    # CloudFormation takes https only: the credential travels in a header.
+    assert not pattern.fullmatch("http://gateway.internal/v1")
+
+
+def test_the_example_config_gives_a_url_that_works() -> None:
+    config = tomllib.loads((REPO / "samconfig.example.toml").read_text())
+    overrides = dict(o.split("=", 1) for o in config["default"]["deploy"]["parameters"]["parameter_overrides"])
+    pattern = re.compile(load_template(TEMPLATE)["Parameters"]["UpstreamBaseUrl"]["AllowedPattern"])
+    assert pattern.fullmatch(overrides["UpstreamBaseUrl"])
+    Settings(UPSTREAM_BASE_URL=overrides["UpstreamBaseUrl"])
+
+
+def test_a_worker_cold_start_fails_on_a_url_that_cannot_work() -> None:
+    # A fresh interpreter imports the worker's handler module, as Lambda's init does.
+    code = "import runpy; runpy.run_path('functions/worker/app.py')"
+    env = {**os.environ, "UPSTREAM_BASE_URL": "https://gateway.internal", "POWERTOOLS_TRACE_DISABLED": "true",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    env.pop("UPSTREAM_API_KEY_SECRET", None)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    assert "must end in /v1" in result.stderr
+    # ...and starts on one that can.
+    env["UPSTREAM_BASE_URL"] = "https://gateway.internal/v1"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_local_stack_puts_a_given_credential_in_the_workers_secret(moto_env, monkeypatch):
+    # `sam local`'s workers read the secret the template names: a credential given to the local
+    # stack (UPSTREAM_API_KEY, for a real upstream) must be what they read.
+    from freeinference_batch.local.stack import LocalStack
+
+    template = load_template(TEMPLATE)
+    clients = {"secretsmanager": boto3.client("secretsmanager")}
+    resources = TemplateResources(template, clients)
+    monkeypatch.setenv("UPSTREAM_API_KEY", "real-upstream-key")
+    LocalStack._put_upstream_key(template, resources, clients["secretsmanager"])
+    arn = resources.ensure("UpstreamApiKeySecret")["Ref"]
+    assert clients["secretsmanager"].get_secret_value(SecretId=arn)["SecretString"] == "real-upstream-key"
