@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from freeinference_batch.store.leases import fair_shares, keeps_slot
+from freeinference_batch.store.leases import fair_shares, keeps_slot, live_waiters
 
 NOW = 1_000.0
 
 
-def slots_item(leases: list[str], waiters: list[tuple[str, int]]) -> dict:
-    """A slots item: the holders' tokens, and (batch id, requests left) per waiting chain."""
+def slots_item(leases: list[str], waiters: list[tuple[str, int]], since: dict[str, float] | None = None) -> dict:
+    """A slots item: the holders' tokens, and (batch id, requests left) per waiting chain, each
+    waiting since `since[batch]` (default: just now)."""
     return {
         "leases": {holder: NOW + 60 for holder in leases},
-        "waiters": {f"{batch}#{n}": {"b": batch, "m": "m", "r": left, "h": "handle", "u": NOW + 10}
+        "waiters": {f"{batch}#{n}": {"b": batch, "m": "m", "r": left, "h": "handle", "u": NOW + 10,
+                                     "s": (since or {}).get(batch, NOW - 1)}
                     for n, (batch, left) in enumerate(waiters)},
     }
 
@@ -20,11 +22,32 @@ def tokens(batch: str, lanes: range) -> list[str]:
     return [f"{batch}.{lane}.t{lane}" for lane in lanes]
 
 
-def test_a_small_batch_waiting_takes_every_slot_it_can_use_from_a_big_one():
+def test_a_small_batch_waiting_takes_every_slot_it_can_use_from_a_big_one_but_one():
     item = slots_item(tokens("big", range(4)), [("small", 20)] * 4)
-    assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 4, "big": 0}
-    # All four of the big batch's chains read the same item and all give their slots up
-    assert not any(keeps_slot(item, token, 0) for token in tokens("big", range(4)))
+    assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 3, "big": 1}
+    # All four of the big batch's chains read the same item; its lowest lane keeps its slot
+    assert [keeps_slot(item, token, 1) for token in tokens("big", range(4))] == [True, False, False, False]
+
+
+def test_a_big_batch_keeps_its_turn_while_small_batches_stream_in():
+    # Three small batches holding a slot each and waiting for more, the big one holding one
+    item = slots_item([*tokens("big", range(1)), *tokens("s1", range(1)), *tokens("s2", range(1)),
+                       *tokens("s3", range(1))], [("s1", 90), ("s2", 80), ("s3", 100), ("s3", 100)])
+    assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 1  # a quarter of the model
+    for batch, left in (("s1", 90), ("s2", 80), ("s3", 100)):
+        # a small batch's chain leaves the big one's slot alone and shares the three others
+        assert fair_shares(item, 4, batch, left, NOW) == {"s2": 1, "s1": 1, "s3": 1}
+    # and one more small batch arriving only waits its turn: the holders keep theirs
+    item["waiters"]["s4#0"] = {"b": "s4", "m": "m", "r": 5, "h": "handle", "u": NOW + 10, "s": NOW}
+    assert fair_shares(item, 4, "big", 2500, NOW) == {"s4": 0, "s2": 1, "s1": 1, "s3": 1, "big": 1}
+
+
+def test_among_batches_holding_none_the_longest_waiting_goes_first():
+    item = slots_item(tokens("other", range(2)), [("big", 2000), ("small", 10)],
+                      since={"big": NOW - 30, "small": NOW - 1})
+    item["waiters"]["other#9"] = {"b": "other", "m": "m", "r": 700, "h": "handle", "u": NOW + 10, "s": NOW}
+    assert fair_shares(item, 2, "other", 700, NOW) == {"small": 0, "other": 1, "big": 1}
+    assert [w.batch_id for w in live_waiters(item, NOW)] == ["big", "small", "other"]
 
 
 def test_a_small_batch_needing_fewer_slots_leaves_the_rest_to_the_big_one():
@@ -45,7 +68,7 @@ def test_between_big_batches_every_holder_keeps_one_and_a_waiting_one_holding_no
 
 def test_slots_of_batches_without_waiters_stay_with_them():
     item = slots_item([*tokens("other", range(3)), *tokens("big", range(1))], [("small", 2)])
-    assert fair_shares(item, 4, "big", 700, NOW) == {"small": 1, "big": 0}
+    assert fair_shares(item, 4, "big", 700, NOW) == {"small": 0, "big": 1}  # a holder keeps one
     item = slots_item([*tokens("other", range(3)), *tokens("big", range(1))], [("bigger", 2000)])
     assert fair_shares(item, 4, "big", 700, NOW) == {"big": 1, "bigger": 0}
 

@@ -373,7 +373,7 @@ class Worker:
         if item is None:
             item = self._read_slots([slots_key])[0]
         waiter = Waiter(id=_waiter_id(message, meta), batch_id=message.batch_id, model=message.model,
-                        remaining=_remaining(meta), handle=handle, until=now + seconds + 5)
+                        remaining=_remaining(meta), handle=handle, until=now + seconds + 5, since=min(sent, now))
         registered = self.leases.add_waiter(slots_key, item, waiter, now)
         if registered is None:
             return Parked(random.uniform(*SLOT_WAIT_SECONDS))

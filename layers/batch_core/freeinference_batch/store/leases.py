@@ -81,19 +81,26 @@ class Waiter:
     remaining: int  # the batch's unfinished requests when it registered
     handle: str
     until: float
+    since: float  # when the chain began to wait (its message was sent)
 
-    def rank(self, item: dict | None) -> tuple[bool, int, float]:
-        """Who is woken first: batches holding none of the slots, then the fewest requests left."""
-        return held_by(item, self.batch_id) > 0, self.remaining, self.until
+    def rank(self, item: dict | None) -> tuple[bool, float, int]:
+        """Who is woken first: batches holding none of the slots, longest waiting first (so
+        none waits forever behind newer ones); then, among batches holding some, the fewest
+        requests left."""
+        if held_by(item, self.batch_id) == 0:
+            return False, self.since, self.remaining
+        return True, self.remaining, self.since
 
     def entry(self) -> dict:
-        return {"b": self.batch_id, "m": self.model, "r": self.remaining, "h": self.handle, "u": self.until}
+        return {"b": self.batch_id, "m": self.model, "r": self.remaining, "h": self.handle, "u": self.until,
+                "s": self.since}
 
 
 def live_waiters(item: dict | None, now: float) -> list[Waiter]:
     """The item's unexpired waiters, best first."""
     waiters = [
-        Waiter(id=name, batch_id=e["b"], model=e["m"], remaining=int(e["r"]), handle=e["h"], until=float(e["u"]))
+        Waiter(id=name, batch_id=e["b"], model=e["m"], remaining=int(e["r"]), handle=e["h"], until=float(e["u"]),
+               since=float(e.get("s", e["u"])))
         for name, e in (item or {}).get("waiters", {}).items() if float(e["u"]) > now
     ]
     return sorted(waiters, key=lambda w: w.rank(item))
@@ -103,14 +110,18 @@ def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int,
     """How many slots the given batch and each waiting batch should hold, from what the item shows.
 
     Batches that hold slots and have no waiter are left out (their own chains decide for them),
-    and their slots with them. Of the rest, small batches (at most SMALL_BATCH_REQUESTS left) come
-    first, fewest left first, as many slots as they have chains: they are over in a few request
-    times. Then every other batch holding a slot keeps one (it always makes progress), each
-    waiting batch holding none gets one, and the slots left go to the fewest requests left, up to
-    as many chains as each has running or waiting."""
+    and their slots with them. Of the rest, every batch holding a slot keeps one: it always makes
+    progress, however many small batches stream in after it (with k batches taking turns, each
+    keeps at least one k-th of a model of k slots). Then each waiting batch holding none gets one,
+    longest waiting first. Then small batches (at most SMALL_BATCH_REQUESTS left), fewest left
+    first, get as many slots as they have chains: they are over in a few request times. The slots
+    left go to the fewest requests left, up to as many chains as each has running or waiting."""
     holders = Counter(_holder_batch(h) for h in (item or {}).get("leases", {}))
     waiters = live_waiters(item, now)
     waiting = Counter(w.batch_id for w in waiters)
+    waiting_since: dict[str, float] = {}
+    for waiter in waiters:
+        waiting_since[waiter.batch_id] = min(waiter.since, waiting_since.get(waiter.batch_id, math.inf))
     left = {w.batch_id: w.remaining for w in waiters}
     left[batch_id] = remaining
     wants = {b: holders[b] + waiting[b] for b in left}
@@ -125,12 +136,14 @@ def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int,
             shares[batch], free = shares[batch] + more, free - more
 
     for batch in order:
+        if holders[batch] > 0:
+            give(batch, 1)
+    for batch in sorted(order, key=lambda b: (waiting_since.get(b, math.inf), left[b], b)):
+        if holders[batch] == 0:
+            give(batch, min(1, wants[batch]))
+    for batch in order:
         if left[batch] <= SMALL_BATCH_REQUESTS:
             give(batch, wants[batch])
-    for holding in (True, False):
-        for batch in order:
-            if (holders[batch] > 0) == holding:
-                give(batch, min(1, wants[batch]))
     for batch in order:
         give(batch, wants[batch])
     return shares
