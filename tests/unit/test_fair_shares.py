@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freeinference_batch.store.leases import fair_shares, keeps_slot, live_waiters
+from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
 
 NOW = 1_000.0
 

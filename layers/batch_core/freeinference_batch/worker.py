@@ -36,22 +36,14 @@ from pydantic import ValidationError
 
 from freeinference_batch import accounts, aws, clock, dispatch, lifecycle, model_backoff, upstream
 from freeinference_batch.catalog import load_catalog
+from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
 from freeinference_batch.observability import logger, metrics
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable, meta_key
 from freeinference_batch.store.dynamo import TransactionFailed, batch_get, transact
-from freeinference_batch.store.leases import (
-    Leases,
-    Waiter,
-    account_slots_key,
-    fair_shares,
-    keeps_slot,
-    live_waiters,
-    model_slots_key,
-    new_token,
-)
+from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key, new_token
 
 # A slot wait re-checks after a short, jittered pause; a registered waiter is woken when a slot
 # frees, so its park is only the fallback should the wake be lost.
@@ -579,7 +571,7 @@ class Worker:
     def _should_yield(self, batch_id: str, token: str, remaining: int,
                       slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
         """Batches take turns: give this slot up when another batch waits for it and this batch
-        holds more than its fair share (see store/leases.py `fair_shares`)."""
+        holds more than its fair share (see fairness.py `fair_shares`)."""
         for _, item, capacity in slots:
             if not any(w.batch_id != batch_id for w in live_waiters(item, now)):
                 continue
