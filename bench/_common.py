@@ -90,8 +90,11 @@ class StackProcess:
         *,
         paused: bool = False,
         short_timings: bool = True,
+        stats: bool = False,
     ) -> None:
-        """`paused`: run bench/_stack_server.py --paused instead (the same LocalStack, workers paused)."""
+        """`paused`: run bench/_stack_server.py --paused instead (the same LocalStack, workers paused).
+        `stats`: run bench/_stack_server.py --stats, which appends the stack's counters to
+        `stats_path` every 0.5 s (see `read_stats`)."""
         self.dir = Path(tempfile.mkdtemp(prefix="fi-bench-"))
         full = {
             name: value
@@ -110,8 +113,12 @@ class StackProcess:
             }
         )
         self.stderr_path = self.dir / "stack.stderr.log"
+        self.stats_path = self.dir / "stack.stats.jsonl"
         with open(self.stderr_path, "wb") as stderr:
-            command = [PYTHON, str(REPO / "bench" / "_stack_server.py"), "--paused"] if paused else DEV_COMMAND
+            command = DEV_COMMAND
+            if paused or stats:
+                command = [PYTHON, str(REPO / "bench" / "_stack_server.py"), *(["--paused"] if paused else []),
+                           *(["--stats", str(self.stats_path)] if stats else [])]
             self.proc = subprocess.Popen(
                 command,
                 cwd=self.dir,
@@ -145,6 +152,26 @@ class StackProcess:
     @property
     def upstream_url(self) -> str:
         return self.state()["env"]["UPSTREAM_BASE_URL"]
+
+    def admin(self, *args: str) -> str:
+        """`freeinference-batch admin ARGS` against this stack (from its directory, where the state
+        file is, as the admin CLI expects); returns its stdout."""
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith(("AWS_", "BATCH_", "UPSTREAM_", "POWERTOOLS_"))}
+        env["POWERTOOLS_LOG_LEVEL"] = "WARNING"
+        done = subprocess.run([PYTHON, "-c", "from freeinference_batch.cli import main; main()", "admin", *args],
+                              cwd=self.dir, env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            raise RuntimeError(f"admin {' '.join(args)} failed: {done.stderr[-2000:]}")
+        return done.stdout.strip()
+
+    def read_stats(self) -> list[dict[str, Any]]:
+        """The stats lines written so far (`stats=True`), oldest first."""
+        try:
+            text = self.stats_path.read_text()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -209,6 +236,36 @@ class _DropMetricLines(io.TextIOBase):
                 self.target.write(self.pending)
                 self.pending = ""
             self.target.flush()
+
+
+def write_catalog(directory: Path | str, concurrency: int, models: list[str] | None = None) -> Path:
+    """The packaged catalog with `batch_concurrency` set to `concurrency` (for `models`, default
+    all), written to `directory`/catalog.json: pass it as MODEL_CATALOG_PATH to the stack."""
+    catalog = json.loads((REPO / "layers" / "batch_core" / "freeinference_batch" / "models.json").read_text())
+    for name, model in catalog["models"].items():
+        if models is None or name in models:
+            model["batch_concurrency"] = concurrency
+    path = Path(directory) / "catalog.json"
+    path.write_text(json.dumps(catalog, indent=2))
+    return path
+
+
+def template_poller_cap(function: str = "GlmFlashWorkerFunction") -> dict[str, Any]:
+    """The worker's SQS event settings from template.yaml that bound how many requests run at once:
+    BatchSize (records an invocation runs side by side), MaximumConcurrency, reserved concurrency."""
+    from freeinference_batch.local.template import load_template
+
+    properties = load_template(REPO / "template.yaml")["Resources"][function]["Properties"]
+    event = next(iter(properties["Events"].values()))["Properties"]
+    return {"batch_size": int(event.get("BatchSize", 10)),
+            "maximum_concurrency": (event.get("ScalingConfig") or {}).get("MaximumConcurrency"),
+            "reserved": properties.get("ReservedConcurrentExecutions"),
+            "timeout": properties.get("Timeout")}
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
 
 
 # ---------------------------------------------------------------- HTTP

@@ -8,10 +8,21 @@ around the API routes, `Worker.handle_record`, the schedule handlers and the pol
 
 For the cost model each call also gets its billing units:
 - DynamoDB: read request units (4 KB steps, 0.5 for eventually consistent reads, at least one
-  step per key read even when nothing is found) and write request units (1 KB steps; 2x inside
-  TransactWriteItems; each GSI the written item is in costs one more write of its size, all
-  GSIs project ALL). Item sizes come from moto's own store, read under moto's lock right after
-  the call (so they are the sizes DynamoDB would bill, to moto's size rules).
+  step per key read even when nothing is found) and write request units: 1 KB steps of the
+  larger of the item before and after the write (DynamoDB bills an update by the bigger image,
+  and a delete by the deleted item), 2x inside TransactWriteItems (a ConditionCheck too). A
+  global secondary index is written only when the write changes what it holds: an item entering
+  or leaving a sparse index is one index write, a changed index key two (delete + put), and
+  with a KEYS_ONLY projection (the template's) an update that leaves the index's keys alone
+  writes nothing to it; an ALL/INCLUDE index is written on any change while the item is in it.
+  Index writes are counted once, not doubled by a transaction (an assumption). Item images
+  come from moto's own store, read under moto's lock just before the call and right after it
+  (another thread's write can fall in between: rare, and it only moves a size). The
+  before-2026-12-03 rule (after-image only, every GSI the item is in written, as if all
+  projected ALL) is kept as `old_wru`, for comparison.
+  Every write is also counted by item (table, pk, sk): writes, transactional weight, units,
+  and the item's size with the sizes of its collections that grow with the requests in flight
+  (`leases` maps and lists, `heads`), for the hot-item projection in aws_calls.py.
 - SQS: one request per 64 KB of payload (send: message bodies; receive: the answer).
 - S3: one request each.
 
@@ -56,6 +67,7 @@ class OpStats:
     seconds: float = 0.0
     rru: float = 0.0  # DynamoDB read request units
     wru: float = 0.0  # DynamoDB write request units
+    old_wru: float = 0.0  # the same writes under the old rule (after-image, every GSI the item is in)
     sqs_requests: int = 0  # SQS billed requests (64 KB chunks)
     s3_puts: int = 0
     s3_gets: int = 0
@@ -75,6 +87,9 @@ class Timings:
     queue_wait: list[float] = field(default_factory=list)  # SentTimestamp -> handle_record start
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     invocations: list[tuple[int, float]] = field(default_factory=list)  # (messages, seconds)
+    # Per invocation, in the order they ended: [(records' upstream calls, records' upstream
+    # seconds)], one pair per record (records run side by side, each its chain's requests in turn).
+    invocation_records: list[list[tuple[int, float]]] = field(default_factory=list)
     api: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # route -> seconds
 
     @property
@@ -85,6 +100,47 @@ class Timings:
     def overhead_per_request(self) -> float:
         """Worker time per upstream call besides the call itself (AWS calls, their wait for moto)."""
         return sum(seconds for seconds, _ in self.chain_runs) / max(1, self.requests_run)
+
+
+# Item attributes that grow with the requests in flight: the slots items' `leases` maps (one entry
+# per running request) and the lane's `heads` and `leases` lists (one entry per chain).
+GROWING = ("leases", "heads")
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str
+    keys: list[str]
+    projection: str  # KEYS_ONLY | INCLUDE | ALL
+
+
+@dataclass(frozen=True)
+class Image:
+    size: int
+    index_keys: dict[str, str]  # attribute -> value (repr), for the GSI key attributes it has
+    collections: dict[str, tuple[int, int]]  # GROWING attribute -> (entries, bytes)
+
+
+@dataclass
+class ItemWrites:
+    """Every write to one item over the run."""
+
+    kind: str
+    writes: int = 0
+    weight: int = 0  # writes x 2 inside transactions: the multiplier of the item's size in WRU
+    wru: float = 0.0  # table writes only
+    gsi_wru: float = 0.0
+    size: int = 0  # the size of the image with the fullest growing collections (the latest of those)
+    max_size: int = 0
+    collections: dict[str, tuple[int, int]] = field(default_factory=dict)  # in that image
+
+    def projected_size(self, entries: int) -> int:
+        """The item's size with each growing collection at `entries` entries, from its bytes per entry."""
+        size = self.size
+        for count, nbytes in self.collections.values():
+            if count:
+                size += round(nbytes / count * entries) - nbytes
+        return size
 
 
 def _ceil_units(size: int, step: int) -> int:
@@ -145,6 +201,13 @@ class AwsCalls:
         # WRU by item kind ("BATCH/META", "MODEL/SLOTS"...) and how much of it is GSI writes.
         self.wru_by_kind: dict[str, float] = defaultdict(float)
         self.gsi_wru_by_kind: dict[str, float] = defaultdict(float)
+        self.old_wru = 0.0  # the same writes under the old rule (see the module docstring)
+        self.old_wru_by_kind: dict[str, float] = defaultdict(float)
+        self.items: dict[tuple[str, str, str], ItemWrites] = {}  # (table, pk, sk) -> its writes
+        # (table, pk, sk) -> [RRU weight of its single-item reads (1 consistent, 0.5 not, 2 in a
+        # transaction), its size at the last read]; Query and Scan are left out.
+        self.item_reads: dict[tuple[str, str, str], list[float]] = {}
+        self._record_sink: dict[str, list[tuple[int, float]]] = {}
 
     # ------------------------------------------------------------ installing
 
@@ -180,6 +243,10 @@ class AwsCalls:
             self.timings = Timings()
             self.wru_by_kind.clear()
             self.gsi_wru_by_kind.clear()
+            self.old_wru = 0.0
+            self.old_wru_by_kind.clear()
+            self.items.clear()
+            self.item_reads.clear()
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         self._patched.append((owner, name, getattr(owner, name)))
@@ -189,8 +256,14 @@ class AwsCalls:
         service = client.meta.service_model.service_name
         events = client.meta.events
 
-        def before_parameter_build(params: dict, context: dict, **_: Any) -> None:
+        def before_parameter_build(params: dict, context: dict, model: Any, **_: Any) -> None:
             context["bench_params"] = params  # the API parameters (before-call only sees the HTTP request)
+            if service == "dynamodb" and self.with_units and self.enabled:
+                try:  # DynamoDB bills a write by the larger of the item before and after it
+                    context["bench_before"] = {target: self._image(*target)
+                                               for target in self._write_targets(model.name, params)}
+                except Exception as error:  # a cost estimate must never break the call
+                    print(f"(before-image failed for {model.name}: {error!r})")
             context["bench_started"] = time.perf_counter()
             _local.attempts = 0
 
@@ -204,7 +277,8 @@ class AwsCalls:
             params = context.get("bench_params") or {}
             source = fixed_source or current_source()
             try:
-                units = self._units(service, model.name, params, parsed, http_response) if self.with_units else {}
+                units = self._units(service, model.name, params, parsed, http_response,
+                                    context.get("bench_before") or {}) if self.with_units else {}
             except Exception as error:  # a cost estimate must never break the call
                 units = {}
                 print(f"(cost estimate failed for {model.name}: {error!r})")
@@ -246,12 +320,21 @@ class AwsCalls:
     def _wrap_invocation(self, function: Any) -> Any:
         def wrapped(event: dict, context: Any) -> Any:
             started = time.perf_counter()
+            # The records run on the handler's own threads: they find their invocation by message id.
+            ids = [record.get("messageId") for record in event.get("Records", ())]
+            mine: list[tuple[int, float]] = []
+            with self.lock:
+                for message_id in ids:
+                    self._record_sink[message_id] = mine
             with labelled("worker"):
                 try:
                     return function(event, context)
                 finally:
                     with self.lock:
+                        for message_id in ids:
+                            self._record_sink.pop(message_id, None)
                         self.timings.invocations.append((len(event.get("Records", ())), time.perf_counter() - started))
+                        self.timings.invocation_records.append(mine)
 
         return wrapped
 
@@ -275,6 +358,9 @@ class AwsCalls:
                         t.handle.append(seconds)
                         if up:
                             t.chain_runs.append((seconds - up, _local.upstream_calls))
+                        sink = timings_of._record_sink.get(record.get("messageId"))
+                        if sink is not None:
+                            sink.append((getattr(_local, "upstream_calls", 0), up))
                         if sent:
                             t.queue_wait.append(max(0.0, time.time() - seconds - sent))
                         t.outcomes[type(outcome).__name__ if outcome is not None else "raised"] += 1
@@ -297,11 +383,14 @@ class AwsCalls:
 
     # ------------------------------------------------------------ billing units
 
-    def _table_indexes(self) -> dict[str, list[list[str]]]:
-        """Table name -> the key attributes of each of its GSIs."""
+    def _table_indexes(self) -> dict[str, list[Index]]:
+        """Table name -> its GSIs: key attributes and projection, from moto's table (the template's)."""
         out = {}
         for table in self._dynamo_backend().tables.values():
-            out[table.name] = [[k["AttributeName"] for k in gsi.schema] for gsi in table.global_indexes]
+            out[table.name] = [
+                Index(gsi.name, [k["AttributeName"] for k in gsi.schema],
+                      (gsi.projection or {}).get("ProjectionType", "ALL"))
+                for gsi in table.global_indexes]
         return out
 
     @staticmethod
@@ -326,33 +415,130 @@ class AwsCalls:
         except Exception:
             return len(json.dumps(item.to_json(), default=str))
 
-    def _write_units(self, table_name: str, key: dict, factor: int = 1) -> float:
-        """WRU of one item write: its size in 1 KB steps, once for the table and once per GSI it is in."""
-        item = self._item(table_name, key)
-        if item is None:
-            return factor * 1.0  # deleted (or not created): the minimum
-        size = self._size(item)
-        units = _ceil_units(size, 1024)
-        in_indexes = sum(1 for keys in self._tables.get(table_name, []) if all(k in item.attrs for k in keys))
-        kind = "/".join(str(next(iter(v.values()))).split("#")[0] for v in key.values())
-        with self.lock:
-            self.wru_by_kind[kind] += factor * units * (1 + in_indexes)
-            self.gsi_wru_by_kind[kind] += factor * units * in_indexes
-        return float(factor * units * (1 + in_indexes))
+    def _image(self, table_name: str, pk: str, sk: str) -> Image | None:
+        """What billing needs of an item as it is now: size, index key values, growing collections."""
+        key = self._key_dict(table_name, pk, sk)
+        backend = self._dynamo_backend()
+        with self._moto_lock:
+            try:
+                item = backend.get_item(table_name, key)
+            except Exception:
+                item = None
+            if item is None:
+                return None
+            index_keys = {name: repr(item.attrs[name].value) for index in self._tables.get(table_name, [])
+                          for name in index.keys if name in item.attrs}
+            collections = {name: (len(item.attrs[name].value), item.attrs[name].size()) for name in GROWING
+                           if name in item.attrs and isinstance(item.attrs[name].value, dict | list)}
+            return Image(self._size(item), index_keys, collections)
 
-    def _read_units(self, table_name: str, key: dict, consistent: bool) -> float:
+    def _key_dict(self, table_name: str, pk: str, sk: str) -> dict:
+        table = self._dynamo_backend().get_table(table_name)
+        key = {table.hash_key_attr: {"S": pk}}
+        if table.range_key_attr:
+            key[table.range_key_attr] = {"S": sk}
+        return key
+
+    def _target(self, table_name: str, key: dict) -> tuple[str, str, str]:
+        """(table, pk, sk) of a key in the low-level form ({"pk": {"S": ...}, ...})."""
+        table = self._dynamo_backend().get_table(table_name)
+        pk = str(next(iter(key[table.hash_key_attr].values())))
+        sk = str(next(iter(key[table.range_key_attr].values()))) if table.range_key_attr else ""
+        return table_name, pk, sk
+
+    def _write_targets(self, op: str, params: dict) -> list[tuple[str, str, str]]:
+        """The items a write call writes (with a transaction's ConditionChecks)."""
+        if op == "PutItem":
+            return [self._target(params["TableName"], self._key_of(params["TableName"], params["Item"]))]
+        if op in ("UpdateItem", "DeleteItem"):
+            return [self._target(params["TableName"], params["Key"])]
+        if op == "BatchWriteItem":
+            out = []
+            for table_name, writes in params.get("RequestItems", {}).items():
+                for write in writes:
+                    key = (self._key_of(table_name, write["PutRequest"]["Item"]) if "PutRequest" in write
+                           else write["DeleteRequest"]["Key"])
+                    out.append(self._target(table_name, key))
+            return out
+        if op == "TransactWriteItems":
+            out = []
+            for element in params.get("TransactItems", []):
+                (kind, body), = element.items()
+                key = self._key_of(body["TableName"], body["Item"]) if kind == "Put" else body["Key"]
+                out.append(self._target(body["TableName"], key))
+            return out
+        return []
+
+    def _write_units(self, target: tuple[str, str, str], before: Image | None, factor: int = 1,
+                     changes: bool = True) -> tuple[float, float]:
+        """WRU of one item write: the larger image in 1 KB steps (x `factor`), plus the index writes
+        the change causes. `changes` is False for a ConditionCheck (billed, but it writes nothing)."""
+        table_name = target[0]
+        after = self._image(*target)
+        size = max(before.size if before else 0, after.size if after else 0)
+        units = factor * _ceil_units(size, 1024)
+        gsi = 0
+        for index in self._tables.get(table_name, []) if changes else ():
+            was = before is not None and all(k in before.index_keys for k in index.keys)
+            now = after is not None and all(k in after.index_keys for k in index.keys)
+            if not was and not now:
+                continue
+            if was != now:
+                gsi += 1  # entered or left a sparse index
+            elif any(before.index_keys[k] != after.index_keys[k] for k in index.keys):  # type: ignore[union-attr]
+                gsi += 2  # the index key moved: delete + put
+            elif index.projection != "KEYS_ONLY":
+                gsi += _ceil_units(after.size, 1024)  # type: ignore[union-attr]
+        # The old rule: the after-image only, and every index the item is in, as if written.
+        old_size = after.size if after else 0
+        in_indexes = sum(1 for index in self._tables.get(table_name, [])
+                         if after is not None and all(k in after.index_keys for k in index.keys))
+        old = factor * _ceil_units(old_size, 1024) * (1 + in_indexes)
+        kind = "/".join(part.split("#")[0] for part in target[1:] if part)
+        with self.lock:
+            self.wru_by_kind[kind] += units + gsi
+            self.gsi_wru_by_kind[kind] += gsi
+            self.old_wru += old
+            self.old_wru_by_kind[kind] += old
+            record = self.items.get(target)
+            if record is None:
+                record = self.items[target] = ItemWrites(kind)
+            record.writes += 1
+            record.weight += factor
+            record.wru += units
+            record.gsi_wru += gsi
+            latest = after or before
+            if latest is not None:
+                # Keep the image with the fullest collections: per-entry sizes need entries.
+                entries = sum(n for n, _ in latest.collections.values())
+                if entries >= sum(n for n, _ in record.collections.values()):
+                    record.size, record.collections = latest.size, latest.collections
+                record.max_size = max(record.max_size, size)
+        return float(units + gsi), float(old)
+
+    def _read_units(self, table_name: str, key: dict, consistent: bool, factor: float = 1.0) -> float:
         item = self._item(table_name, key)
         size = self._size(item) if item is not None else 0
-        return _ceil_units(size, 4096) * (1.0 if consistent else 0.5)
+        target = self._target(table_name, key)
+        weight = factor * (1.0 if consistent else 0.5)
+        source = current_source()
+        if source == "api:GET /v1/batches/{batch_id}" or source.startswith("schedule:"):
+            return _ceil_units(size, 4096) * weight  # status polls and schedules: not per request
+        with self.lock:  # per item too: the slots items are read on every gate, whole
+            reads = self.item_reads.setdefault(target, [0.0, 0])
+            reads[0] += weight
+            reads[1] = size
+        return _ceil_units(size, 4096) * weight
 
     def _key_of(self, table_name: str, item: dict) -> dict:
         table = self._dynamo_backend().get_table(table_name)
         names = [table.hash_key_attr] + ([table.range_key_attr] if table.range_key_attr else [])
         return {name: item[name] for name in names if name in item}
 
-    def _units(self, service: str, op: str, params: dict, parsed: dict, http_response: Any) -> dict[str, float]:
+    def _units(self, service: str, op: str, params: dict, parsed: dict, http_response: Any,
+               before: dict | None = None) -> dict[str, float]:
         if service == "dynamodb":
-            return self._dynamodb_units(op, params, parsed)
+            return self._dynamodb_units(op, params, parsed, before or {})
         if service == "sqs":
             if op == "ReceiveMessage":
                 messages = parsed.get("Messages") or []
@@ -370,7 +556,7 @@ class AwsCalls:
                 "s3_gets": 1}
         return {}
 
-    def _dynamodb_units(self, op: str, params: dict, parsed: dict) -> dict[str, float]:
+    def _dynamodb_units(self, op: str, params: dict, parsed: dict, before: dict) -> dict[str, float]:
         if op == "GetItem":
             return {"rru": self._read_units(params["TableName"], params["Key"], bool(params.get("ConsistentRead")))}
         if op == "BatchGetItem":
@@ -387,34 +573,23 @@ class AwsCalls:
                 found = self._item(table_name, self._key_of(table_name, item))
                 total += self._size(found) if found is not None else 0
             return {"rru": _ceil_units(total, 4096) * (1.0 if consistent else 0.5)}
-        if op == "PutItem":
-            table_name = params["TableName"]
-            return {"wru": self._write_units(table_name, self._key_of(table_name, params["Item"]))}
-        if op in ("UpdateItem", "DeleteItem"):
-            return {"wru": self._write_units(params["TableName"], params["Key"])}
-        if op == "BatchWriteItem":
-            wru = 0.0
-            for table_name, writes in params.get("RequestItems", {}).items():
-                for write in writes:
-                    if "PutRequest" in write:
-                        wru += self._write_units(table_name, self._key_of(table_name, write["PutRequest"]["Item"]))
-                    else:
-                        wru += self._write_units(table_name, write["DeleteRequest"]["Key"])
-            return {"wru": wru}
+        if op in ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"):
+            pairs = [self._write_units(t, before.get(t)) for t in self._write_targets(op, params)]
+            return {"wru": sum(new for new, _ in pairs), "old_wru": sum(old for _, old in pairs)}
         if op == "TransactWriteItems":
-            wru = 0.0
-            for element in params.get("TransactItems", []):
-                (kind, body), = element.items()
-                table_name = body["TableName"]
-                key = self._key_of(table_name, body["Item"]) if kind == "Put" else body["Key"]
+            wru = old_wru = 0.0
+            targets = self._write_targets(op, params)
+            for element, target in zip(params.get("TransactItems", []), targets, strict=True):
                 # Every element, ConditionCheck included, is billed as a transactional write (2x).
-                wru += self._write_units(table_name, key, factor=2)
-            return {"wru": wru}
+                new, old = self._write_units(target, before.get(target), factor=2,
+                                             changes="ConditionCheck" not in element)
+                wru, old_wru = wru + new, old_wru + old
+            return {"wru": wru, "old_wru": old_wru}
         if op == "TransactGetItems":
             rru = 0.0
             for element in params.get("TransactItems", []):
                 body = element["Get"]
-                rru += 2 * self._read_units(body["TableName"], body["Key"], True)
+                rru += self._read_units(body["TableName"], body["Key"], True, factor=2)
             return {"rru": rru}
         return {}
 

@@ -10,12 +10,26 @@ counted per request: they depend on how often a client polls and how long queues
 on the number of requests. Target: <= 8 calls per successful request.
 
 The cost model uses those counts, the billing units measured per call (DynamoDB read/write
-request units from the item sizes, SQS 64 KB chunks, API Gateway 512 KB steps) and the measured
-durations, with the upstream call taking --model-latency (5 s) and --per-invocation requests
-running concurrently in one worker invocation. Prices are assumptions (us-east-1 list prices,
-printed); free tiers are ignored.
+request units from the item images before and after each write, GSI writes only where a write
+changes what an index holds, SQS 64 KB chunks, API Gateway 512 KB steps) and the worker's
+invocations as they ran: each invocation's measured wall time, with each of its records' upstream
+calls stretched from this run's latency to --model-latency (5 s); records run side by side, so
+an invocation lasts as long as its longest chain. So how many requests share an invocation, and
+its tail (chains waiting for the slowest), are measured, not assumed. The old model (an assumed 4
+requests per invocation, GSIs written on every update) is printed beside it for comparison.
+Prices are assumptions (us-east-1 list prices, printed); free tiers are ignored.
+Targets (issue 13): <= $5 per million requests at 5 s, <= 4 DynamoDB WRU per request.
 
-    .venv/bin/python bench/aws_calls.py [--requests 200] [--latency 0.05] [--page 1000]
+Hot items on paper: from the writes counted per item (table, pk, sk) and the sizes of the
+collections that grow with the requests in flight (slot leases, lane heads), the WCU per second
+each item and each partition key would take with --hot-in-flight (500) requests in flight at
+--model-latency, all of one batch and one account as in this run; DynamoDB allows 1,000 WCU/s per
+partition, and the target is a third of that. Also how many worker invocations that load needs.
+
+With --concurrency N the model gets N batch slots (a catalog written to a temp dir, passed as
+MODEL_CATALOG_PATH) and the dev account enough concurrent-request slots.
+
+    .venv/bin/python bench/aws_calls.py [--requests 200] [--latency 0.05] [--page 1000] [--concurrency 4]
 """
 
 from __future__ import annotations
@@ -23,13 +37,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
-from _instrument import AwsCalls, OpStats
+from _instrument import AwsCalls, ItemWrites, OpStats
 
 # us-east-1 list prices (assumptions; check https://aws.amazon.com/pricing before relying on them).
 PRICES = {
@@ -70,19 +85,35 @@ def main() -> None:
     parser.add_argument("--schedule-seconds", type=float, default=60.0,
                         help="how often the local schedules run (default 60, the template's rate)")
     parser.add_argument("--model-latency", type=float, default=5.0, help="upstream latency in the cost model, s")
-    parser.add_argument("--per-invocation", type=float, default=4.0,
-                        help="requests running at once in one worker invocation, in the cost model (default 4 = "
-                             "the model's batch concurrency, one lane's messages per batch)")
+    parser.add_argument("--concurrency", type=int, default=0,
+                        help="the model's batch slots (default: the packaged catalog's, 4)")
+    parser.add_argument("--old-per-invocation", type=float, default=4.0,
+                        help="the old model's assumed requests per invocation, for the comparison line only (4)")
+    parser.add_argument("--hot-in-flight", type=int, default=500,
+                        help="requests in flight for the hot-item projection (default 500)")
     parser.add_argument("--aws-call-ms", type=float, default=10.0,
                         help="for a sensitivity line: the worker's AWS calls at this latency each, as on AWS, "
                              "instead of the local stack's (moto, one request at a time) measured durations")
     parser.add_argument("--target", type=float, default=8.0, help="calls per successful request (default 8)")
+    parser.add_argument("--target-usd", type=float, default=5.0, help="USD per million requests (default 5)")
+    parser.add_argument("--target-wru", type=float, default=4.0, help="DynamoDB WRU per request (default 4)")
     args = parser.parse_args()
 
+    print(f"load average before: {c.load_average()}")
     env = {"BATCH_SCHEDULE_SECONDS": str(args.schedule_seconds)}
+    if args.concurrency:
+        catalog_dir = Path(tempfile.mkdtemp(prefix="fi-bench-catalog-"))
+        env["MODEL_CATALOG_PATH"] = str(c.write_catalog(catalog_dir, args.concurrency, [c.MODEL]))
     body = c.batch_body(args.requests, directive=f"[sim:latency={args.latency:g}]")
     data = c.dumps(body)
     with c.in_process_stack(env) as stack:
+        from freeinference_batch import accounts
+        from freeinference_batch.catalog import load_catalog
+        from freeinference_batch.settings import get_settings
+
+        concurrency = load_catalog(get_settings().model_catalog_path).models[c.MODEL].batch_concurrency
+        # What `admin set-account dev --concurrency` does: the account's slots must not cap the model's.
+        accounts.set_account(get_settings(), "dev", concurrency=max(16, 2 * concurrency, args.hot_in_flight))
         calls = AwsCalls(stack).install()
         client = c.Client(stack.base_url, stack.dev_key)
         calls.reset()
@@ -99,11 +130,15 @@ def main() -> None:
         timings = calls.timings
         poller_stats = {name: p.stats() for name, p in stack.pollers.items()}
         wru_by_kind, gsi_wru_by_kind = dict(calls.wru_by_kind), dict(calls.gsi_wru_by_kind)
+        old_wru_by_kind = dict(calls.old_wru_by_kind)
+        items = dict(calls.items)
+        item_reads = dict(calls.item_reads)
         timer_runs = {name: t.stats()["runs"] for name, t in stack.timers.items()}
         calls.uninstall()
 
     succeeded = batch["request_counts"]["completed"]
-    print(f"batch of {args.requests}: {batch['status']}, counts {batch['request_counts']}; create "
+    print(f"batch of {args.requests} on {c.MODEL} ({concurrency} batch slots): {batch['status']}, "
+          f"counts {batch['request_counts']}; create "
           f"{create_seconds:.2f} s, run {run_seconds:.2f} s, read {len(results)} results in {len(pages)} page(s); "
           f"{elapsed:.1f} s in all; {moto_total} requests reached moto")
     if not succeeded:
@@ -166,19 +201,42 @@ def main() -> None:
           f"({messages / max(1, len(invocations)):.2f} an invocation); handle_record outcomes "
           f"{dict(timings.outcomes)}; poller stats {brief}")
 
-    print("\nDynamoDB write units by item written (all callers; pk/sk prefixes), and the part that is GSI writes:")
-    print(c.table([(kind, f"{wru:g}", f"{wru / succeeded:.2f}", f"{gsi_wru_by_kind.get(kind, 0):g}")
+    print("\nDynamoDB write units by item kind (all callers), the part that is GSI writes, and the old rule's:")
+    print(c.table([(kind, f"{wru:g}", f"{wru / succeeded:.2f}", f"{gsi_wru_by_kind.get(kind, 0):g}",
+                    f"{old_wru_by_kind.get(kind, 0) / succeeded:.2f}")
                    for kind, wru in sorted(wru_by_kind.items(), key=lambda item: -item[1])],
-                  ("item", "WRU", "per success", "of which GSI")))
+                  ("item", "WRU", "per success", "of which GSI", "old rule, per success")))
 
-    # ---- the cost model
+    # ---- the worker's invocations, as measured, stretched to the model latency
     worker_gb = function_memory_gb("GlmFlashWorkerFunction")
     api_gb = function_memory_gb("ApiFunction")
+    cap = c.template_poller_cap("GlmFlashWorkerFunction")
     overhead = timings.overhead_per_request
     ran = timings.requests_run
-    deliveries_run = len(timings.chain_runs)  # a delivery runs a stretch of its chain: often several requests
-    parked_seconds = sum(timings.handle) - sum(o for o, _ in timings.chain_runs) - sum(timings.upstream)
-    not_run = len(timings.handle) - deliveries_run
+    invocation_count = len(timings.invocations)
+    local_latency = sum(timings.upstream) / max(1, len(timings.upstream))
+    stretch = args.model_latency - local_latency  # each upstream call, from this run's latency to the model's
+    measured_seconds = sum(seconds for _, seconds in timings.invocations)
+    # An invocation lasts as long as its longest record (its records' chains run side by side).
+    modelled_seconds = sum(seconds + max((calls for calls, _ in records), default=0) * stretch
+                           for (_, seconds), records in zip(timings.invocations, timings.invocation_records,
+                                                            strict=True))
+    requests_per_invocation = ran / max(1, invocation_count)
+    records_per_invocation = sum(n for n, _ in timings.invocations) / max(1, invocation_count)
+    longest_chain = max((calls for records in timings.invocation_records for calls, _ in records), default=0)
+    # The worker keeps a chain in its invocation while one more upstream call + 30 s fit before the timeout.
+    chain_limit = math.floor((float(cap["timeout"]) - 120 - 30) / (args.model_latency + overhead)) + 1
+    side_by_side = ran * (args.model_latency + overhead) / max(modelled_seconds, 1e-9)
+    print(f"\nworker invocations (measured): {invocation_count}, {records_per_invocation:.2f} records and "
+          f"{requests_per_invocation:.1f} requests run each; {measured_seconds:.1f} s of invocation time in all "
+          f"({ran} requests at {local_latency * 1000:.0f} ms upstream + {overhead * 1000:.0f} ms worker AWS work); "
+          f"stretched to {args.model_latency:g} s upstream: {modelled_seconds:.0f} s, i.e. "
+          f"{side_by_side:.2f} requests running at once per invocation on average (tails included)")
+    if longest_chain > chain_limit:
+        print(f"NOTE: a chain ran {longest_chain} requests in one invocation here; at {args.model_latency:g} s it "
+              f"would leave its invocation after about {chain_limit} (timeout {cap['timeout']} s), so the modelled "
+              f"invocation count is a little low (the invocation fee is $0.20 per million: it hardly matters)")
+
     api_seconds = sum(timings.api.get("POST /v1/batches", [])) + sum(
         timings.api.get("GET /v1/batches/{batch_id}/results", []))
     api_invocations = len(timings.api.get("POST /v1/batches", [])) + len(
@@ -186,24 +244,16 @@ def main() -> None:
     http_api_units = math.ceil(len(data) / (512 * 1024)) + sum(math.ceil(max(1, b) / (512 * 1024))
                                                                for b in page_bytes)
 
-    def lambda_worker(n: float, overhead: float) -> tuple[float, float]:
-        """(GB-s, invocations) per success: chains share invocations n at a time; other records one each."""
-        gb_s = worker_gb * ((args.model_latency + overhead) * ran / n + parked_seconds) / succeeded
-        return gb_s, (deliveries_run / n + not_run) / succeeded
-
-    def cost_lines(n: float, overhead: float = overhead) -> list[tuple[str, float, str]]:
-        gb_s, invocations_per = lambda_worker(n, overhead)
+    def cost_lines(worker_gb_s: float, invocations_per: float, wru: float, basis: str) -> list[tuple[str, float, str]]:
         api_gb_s = api_gb * api_seconds / succeeded
         return [
-            ("Lambda worker GB-s", gb_s * PRICES["lambda_gb_s_arm64"],
-             f"{worker_gb:g} GB x ({args.model_latency:g} s + {overhead * 1000:.0f} ms) / {n:g} a invocation"),
+            ("Lambda worker GB-s", worker_gb_s * PRICES["lambda_gb_s_arm64"], basis),
             ("Lambda worker invocations", invocations_per * PRICES["lambda_request"], f"{invocations_per:.3f} / req"),
             ("Lambda API GB-s", api_gb_s * PRICES["lambda_gb_s_arm64"],
              f"{api_gb:g} GB x {api_seconds:.2f} s (create + results) / {succeeded}"),
             ("Lambda API invocations", api_invocations / succeeded * PRICES["lambda_request"],
              f"{api_invocations} / {succeeded}"),
-            ("DynamoDB writes", counted.wru / succeeded * PRICES["dynamodb_wru"],
-             f"{counted.wru / succeeded:.2f} WRU / req"),
+            ("DynamoDB writes", wru / succeeded * PRICES["dynamodb_wru"], f"{wru / succeeded:.2f} WRU / req"),
             ("DynamoDB reads", counted.rru / succeeded * PRICES["dynamodb_rru"],
              f"{counted.rru / succeeded:.2f} RRU / req"),
             ("SQS", counted.sqs_requests / succeeded * PRICES["sqs_request"],
@@ -214,37 +264,139 @@ def main() -> None:
              f"{http_api_units} metered requests (512 KB steps)"),
         ]
 
-    lines = cost_lines(args.per_invocation)
+    worker_gb_s = worker_gb * modelled_seconds / succeeded
+    lines = cost_lines(worker_gb_s, invocation_count / succeeded, counted.wru,
+                       f"{worker_gb:g} GB x {modelled_seconds:.0f} s of invocations / {succeeded}")
     total = sum(cost for _, cost, _ in lines)
     print(f"\n=== modelled AWS cost per million successful requests (upstream {args.model_latency:g} s, "
-          f"{args.per_invocation:g} requests per worker invocation) ===")
+          f"invocations as measured: {side_by_side:.2f} requests at once each) ===")
     print(c.table([(name, f"${cost * 1e6:,.2f}", basis) for name, cost, basis in lines]
                   + [("total", f"${total * 1e6:,.2f}", "")], ("item", "USD / 1M", "basis")))
+
+    # The old model, from the same run: an assumed number per invocation, GSIs written on every update.
+    n = args.old_per_invocation
+    deliveries_run = len(timings.chain_runs)
+    parked_seconds = sum(timings.handle) - sum(o for o, _ in timings.chain_runs) - sum(timings.upstream)
+    not_run = len(timings.handle) - deliveries_run
+    old_gb_s = worker_gb * ((args.model_latency + overhead) * ran / n + parked_seconds) / succeeded
+    old_wru = counted.old_wru  # the old rule, over the same counted calls
+    old_lines = cost_lines(old_gb_s, (deliveries_run / n + not_run) / succeeded, old_wru, "")
+    old_total = sum(cost for _, cost, _ in old_lines)
     worker_calls = per_group.get("worker", OpStats()).calls / succeeded
-    aws_overhead = worker_calls * args.aws_call_ms / 1000
-    sensitivity = []
-    for n in sorted({1.0, 2.0, args.per_invocation, 10.0}):
-        sensitivity.append((f"{n:g} requests / invocation", f"${sum(x for _, x, _ in cost_lines(n)) * 1e6:,.2f}",
-                            f"${sum(x for _, x, _ in cost_lines(n, aws_overhead)) * 1e6:,.2f}"))
-    print(c.table(sensitivity, ("worker invocations shared by", "total USD / 1M",
-                                f"same, worker AWS calls {args.aws_call_ms:g} ms each ({aws_overhead * 1000:.0f} ms)")))
+    fast_overhead = worker_calls * args.aws_call_ms / 1000
+    fast_seconds = modelled_seconds - ran * (overhead - fast_overhead) / max(side_by_side, 1e-9)
+    fast_total = sum(cost for _, cost, _ in cost_lines(worker_gb * fast_seconds / succeeded,
+                                                       invocation_count / succeeded, counted.wru, ""))
+    print(c.table([
+        ("this model (measured invocations, corrected WRU)", f"${total * 1e6:,.2f}"),
+        (f"  same, worker AWS calls {args.aws_call_ms:g} ms each as on AWS ({fast_overhead * 1000:.0f} ms a request "
+         f"instead of {overhead * 1000:.0f})", f"${fast_total * 1e6:,.2f}"),
+        (f"old model (assumed {n:g} per invocation, GSIs as ALL, after-images; same run)", f"${old_total * 1e6:,.2f}"),
+    ], ("model", "total USD / 1M")))
     print("prices assumed (us-east-1 list, no free tier): " + ", ".join(f"{k} {v:.10g}" for k, v in PRICES.items()))
-    print("not modelled: DynamoDB/S3 storage, CloudWatch logs and metrics, X-Ray, data transfer, the schedules "
-          "(a fixed cost per minute, not per request) and the event source mapping's idle long polls.")
+    print("not modelled: DynamoDB/S3 storage and PITR, CloudWatch logs and metrics, X-Ray, data transfer, the "
+          "schedules (a fixed cost per minute, not per request) and the event source mapping's idle long polls.")
+
+    # ---- hot items on paper
+    hot = hot_items(items, succeeded, args.hot_in_flight, args.model_latency)
+    rate = args.hot_in_flight / args.model_latency
+    limit = 1000 / 3
+    print(f"\n=== hot items on paper: {args.hot_in_flight} requests in flight at {args.model_latency:g} s = "
+          f"{rate:.0f} requests/s, one batch and one account (as in this run) ===")
+    print(c.table([(f"{table_short(t)} {pk[:28]} / {sk[:24]}", record.kind, f"{record.weight / succeeded:.2f}",
+                    f"{record.size:,}", collections_note(record), f"{projected:,}", f"{wcu:,.0f}",
+                    "OVER" if wcu > limit else "ok")
+                   for (t, pk, sk), record, projected, wcu in hot[:8]],
+                  ("item (table pk / sk)", "kind", "writes x2 in tx, per req", "bytes (run)",
+                   "growing part (run)", f"bytes at {args.hot_in_flight}", "WCU/s", f"<= {limit:.0f}")))
+    by_partition: dict[tuple[str, str], float] = {}
+    for (t, pk, _), _, _, wcu in hot:
+        by_partition[(t, pk)] = by_partition.get((t, pk), 0.0) + wcu
+    busiest_key, busiest_key_wcu = max(by_partition.items(), key=lambda item: item[1])
+    # The same writes and reads with the items at their projected sizes: what a request would cost.
+    wru_at = sum(record.weight * _ceil_kb(projected) + record.gsi_wru
+                 for _, record, projected, _ in hot) / succeeded
+    rru_at = sum(weight * max(1, math.ceil((items[t].projected_size(args.hot_in_flight) if t in items else size)
+                                           / 4096))
+                 for t, (weight, size) in item_reads.items()) / succeeded
+    rru_run = sum(weight * max(1, math.ceil(size / 4096)) for weight, size in item_reads.values()) / succeeded
+    dynamo_at = wru_at * PRICES["dynamodb_wru"] + rru_at * PRICES["dynamodb_rru"]
+    all_wru = sum(r.wru + r.gsi_wru for r in items.values()) / succeeded
+    busiest_item = hot[0]
+    invocations_needed = math.ceil(args.hot_in_flight / max(1e-9, min(records_per_invocation,
+                                                                       cap["batch_size"])))
+    at_most = math.ceil(args.hot_in_flight / cap["batch_size"])
+    print(f"busiest partition key: {table_short(busiest_key[0])} {busiest_key[1]} "
+          f"{busiest_key_wcu:,.0f} WCU/s (all its items)")
+    print(f"at {args.hot_in_flight} in flight each request would write {wru_at:.1f} WRU (this run: "
+          f"{counted.wru / succeeded:.2f}; all callers {all_wru:.2f})"
+          f" and read {rru_at:.1f} RRU by key ({rru_run:.2f} here): DynamoDB alone "
+          f"${dynamo_at * 1e6:,.2f} per million requests")
+    print(f"worker invocations for {args.hot_in_flight} in flight: {invocations_needed} at this run's "
+          f"{records_per_invocation:.2f} records per invocation, {at_most} at best (BatchSize {cap['batch_size']}, "
+          f"one chain per record); the template allows MaximumConcurrency {cap['maximum_concurrency']} / reserved "
+          f"{cap['reserved']}, i.e. {cap['batch_size'] * min(cap['maximum_concurrency'], cap['reserved'])} "
+          f"requests in flight at most")
 
     print("\n=== summary: aws_calls ===")
+    wru = counted.wru / succeeded
     print(c.table([
-        ("successful requests", succeeded, ""),
+        ("successful requests / batch slots", f"{succeeded} / {concurrency}", ""),
         ("AWS calls per success: functions (API + worker)", f"{functions.calls / succeeded:.2f}", ""),
         ("AWS calls per success: poller (receive + delete)",
          f"{per_group.get('poller (event source mapping)', OpStats()).calls / succeeded:.2f}", ""),
         ("AWS calls per success: total", f"{counted.calls / succeeded:.2f}",
          f"<= {args.target:g}  {c.verdict(counted.calls / succeeded <= args.target)}"),
-        ("DynamoDB WRU / RRU per success", f"{counted.wru / succeeded:.2f} / {counted.rru / succeeded:.2f}", ""),
+        ("DynamoDB WRU per success (old rule)", f"{wru:.2f} ({old_wru / succeeded:.2f})",
+         f"<= {args.target_wru:g}  {c.verdict(wru <= args.target_wru)}"),
+        ("DynamoDB RRU per success", f"{counted.rru / succeeded:.2f}", ""),
         ("worker time per request besides upstream", f"{overhead * 1000:.0f} ms", ""),
-        (f"modelled cost per 1M requests ({args.model_latency:g} s, {args.per_invocation:g}/invocation)",
-         f"${total * 1e6:,.2f}", ""),
+        ("requests run per worker invocation (measured)", f"{requests_per_invocation:.1f}", ""),
+        (f"requests at once per invocation at {args.model_latency:g} s (measured, stretched)", f"{side_by_side:.2f}",
+         ""),
+        (f"modelled cost per 1M requests ({args.model_latency:g} s)", f"${total * 1e6:,.2f}",
+         f"<= ${args.target_usd:g}  {c.verdict(total * 1e6 <= args.target_usd)}"),
+        (f"old model ({n:g}/invocation assumed, old GSI rule)", f"${old_total * 1e6:,.2f}", ""),
+        (f"busiest item at {args.hot_in_flight} in flight: {busiest_item[1].kind}", f"{busiest_item[3]:,.0f} WCU/s",
+         f"<= {limit:.0f}  {c.verdict(busiest_item[3] <= limit)}"),
+        (f"busiest partition key at {args.hot_in_flight} in flight", f"{busiest_key_wcu:,.0f} WCU/s",
+         f"<= {limit:.0f}  {c.verdict(busiest_key_wcu <= limit)}"),
+        (f"DynamoDB WRU / RRU per request at {args.hot_in_flight} in flight (projected sizes)",
+         f"{wru_at:.1f} / {rru_at:.1f}", f"${dynamo_at * 1e6:,.2f} / 1M"),
+        (f"worker invocations for {args.hot_in_flight} in flight (template cap)",
+         f"{invocations_needed} ({min(cap['maximum_concurrency'], cap['reserved'])})", ""),
+        ("load average (1 / 5 / 15 min) at the end", c.load_average(), ""),
     ], ("measure", "value", "target")))
+
+
+def table_short(name: str) -> str:
+    return "accounts" if "ccount" in name else "batch"
+
+
+def collections_note(record: ItemWrites) -> str:
+    return ", ".join(f"{name} {count} x {size / count:.0f} B" for name, (count, size) in record.collections.items()
+                     if count) or "-"
+
+
+def hot_items(items: dict[tuple[str, str, str], ItemWrites], succeeded: int, in_flight: int,
+              latency: float) -> list[tuple[tuple[str, str, str], ItemWrites, int, float]]:
+    """Per item, busiest first: (key, writes, projected size, WCU/s) at `in_flight` requests in flight.
+
+    Writes per request as measured (transactional ones twice); each write's units from the item's
+    size with its growing collections (slot leases, lane heads) at `in_flight` entries, i.e. one
+    batch whose lane is that wide and one account, as in this run. GSI writes go to the indexes'
+    own partitions and are left out."""
+    rate = in_flight / latency
+    out = []
+    for target, record in items.items():
+        projected = record.projected_size(in_flight)
+        wcu = record.weight / succeeded * rate * _ceil_kb(projected)
+        out.append((target, record, projected, wcu))
+    return sorted(out, key=lambda row: -row[3])
+
+
+def _ceil_kb(size: int) -> int:
+    return max(1, math.ceil(size / 1024))
 
 
 if __name__ == "__main__":
