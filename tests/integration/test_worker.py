@@ -470,17 +470,11 @@ def test_a_big_batch_yields_its_slot_to_a_small_waiting_batch(harness, upstream,
     assert attempts(sim, big["id"], 3) == 1 and attempts(sim, small["id"], 0) == 0
     slots = Leases(harness.settings).holders(model_slots_key(MODEL))
     woken = received_record_now(harness, small["id"], 0)
-    if other_holders_are == "the big batch's other chains":
-        # Then it yields its slot to the small batch (a batch with few requests left goes first,
-        # while the big one keeps one slot): its next request waits for a message of its own, and
-        # the small batch's parked message is made visible at once
-        assert attempts(sim, big["id"], 7) == 0
-        assert set(slots) == set(holders)
-    else:
-        # Then it keeps its batch's only slot (every batch holding one keeps one, however small
-        # the batches waiting): it runs its chain's next request, and wakes the small batch when
-        # its chain ends
-        assert attempts(sim, big["id"], 7) == 1
+    # Then it yields its slot to the small batch (a batch with few requests left goes first, even
+    # when this is the big batch's last slot): its next request waits for a message of its own,
+    # and the small batch's parked message is made visible at once
+    assert attempts(sim, big["id"], 7) == 0
+    assert set(slots) == set(holders)
     assert woken
     # And when the other holders finish, everything ends counted once
     for holder in holders:

@@ -10,11 +10,21 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from freeinference_batch.store.leases import Waiter, holder_batch, holder_lane, waiters_of
+from freeinference_batch.store.leases import Waiter, holder_batch, holder_lane, is_aged, waiters_of
 
-# A batch with at most this many requests left takes the slots it can use ahead of bigger ones
-# (once every batch holding a slot has kept one): it is over in a few request times.
+# A batch with at most this many requests left takes the slots it can use ahead of bigger ones:
+# it is over in a few request times.
 SMALL_BATCH_REQUESTS = 100
+# A chain that waited this long for a slot has waited its turn: once it holds a slot, its batch
+# keeps one ahead of small batches (its claim token is marked aged, and the mark passes along
+# the chain's hand-overs). Without this, small batches streaming in one after another would
+# hold a big batch back indefinitely; with it, a small batch behind a big one still takes every
+# slot it can use for the few seconds it needs.
+AGING_SECONDS = 10.0
+
+
+def waited_its_turn(waited_seconds: float) -> bool:
+    return waited_seconds >= AGING_SECONDS
 
 
 def held_by(item: dict | None, batch_id: str) -> int:
@@ -40,13 +50,17 @@ def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int,
     """How many slots the given batch and each waiting batch should hold, from what the item shows.
 
     Batches that hold slots and have no waiter are left out (their own chains decide for them),
-    and their slots with them. Of the rest, every batch holding a slot keeps one: it always makes
-    progress, however many small batches stream in after it (with k batches taking turns, each
-    keeps at least one k-th of a model of k slots). Then each waiting batch holding none gets one,
-    longest waiting first. Then small batches (at most SMALL_BATCH_REQUESTS left), fewest left
-    first, get as many slots as they have chains: they are over in a few request times. The slots
-    left go to the fewest requests left, up to as many chains as each has running or waiting."""
-    holders = Counter(holder_batch(h) for h in (item or {}).get("leases", {}))
+    and their slots with them. Of the rest, a batch holding a slot through a chain that waited
+    its turn (an aged token) keeps one: so a batch always gets back in, however many small
+    batches stream in after it (with k batches taking turns, each keeps about one k-th of a
+    model of k slots). Then small batches (at most SMALL_BATCH_REQUESTS left), fewest left first,
+    get as many slots as they have chains: they are over in a few request times. Then every
+    other batch holding a slot keeps one, each waiting batch holding none gets one (longest
+    waiting first), and the slots left go to the fewest requests left, up to as many chains as
+    each has running or waiting."""
+    leases = (item or {}).get("leases", {})
+    holders = Counter(holder_batch(h) for h in leases)
+    aged = {holder_batch(h) for h in leases if is_aged(h)}
     waiters = live_waiters(item, now)
     waiting = Counter(w.batch_id for w in waiters)
     waiting_since: dict[str, float] = {}
@@ -66,21 +80,29 @@ def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int,
             shares[batch], free = shares[batch] + more, free - more
 
     for batch in order:
+        if batch in aged:
+            give(batch, 1)
+    for batch in order:
+        if left[batch] <= SMALL_BATCH_REQUESTS:
+            give(batch, wants[batch])
+    for batch in order:
         if holders[batch] > 0:
             give(batch, 1)
     for batch in sorted(order, key=lambda b: (waiting_since.get(b, math.inf), left[b], b)):
         if holders[batch] == 0:
             give(batch, min(1, wants[batch]))
     for batch in order:
-        if left[batch] <= SMALL_BATCH_REQUESTS:
-            give(batch, wants[batch])
-    for batch in order:
         give(batch, wants[batch])
     return shares
 
 
 def keeps_slot(item: dict | None, token: str, share: int) -> bool:
-    """Whether this holder is among the `share` of its batch's holders that keep their slots."""
+    """Whether this holder is among the `share` of its batch's holders that keep their slots:
+    aged ones first (they waited their turn), then the lowest lanes."""
     batch = holder_batch(token)
-    mine = sorted((holder_lane(h), h) for h in (item or {}).get("leases", {}) if holder_batch(h) == batch)
-    return (holder_lane(token), token) in mine[:share]
+
+    def order(holder: str) -> tuple[bool, float, str]:
+        return not is_aged(holder), holder_lane(holder), holder
+
+    mine = sorted((h for h in (item or {}).get("leases", {}) if holder_batch(h) == batch), key=order)
+    return token in mine[:share]

@@ -34,7 +34,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from freeinference_batch import accounts, aws, clock, dispatch, lifecycle, model_backoff, upstream
+from freeinference_batch import accounts, aws, clock, dispatch, fairness, lifecycle, model_backoff, upstream
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
 from freeinference_batch.observability import logger, metrics
@@ -43,7 +43,14 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable, meta_key
 from freeinference_batch.store.dynamo import TransactionFailed, batch_get, transact
-from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key, new_token
+from freeinference_batch.store.leases import (
+    Leases,
+    Waiter,
+    account_slots_key,
+    is_aged,
+    model_slots_key,
+    new_token,
+)
 
 # A slot wait re-checks after a short, jittered pause; a registered waiter is woken when a slot
 # frees, so its park is only the fallback should the wake be lost.
@@ -285,7 +292,8 @@ class Worker:
             if (live and record.get("receiptHandle")) or self.leases.reap(slots_key, now) >= capacity:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
-        token = new_token(message.batch_id, _chain(message, meta))
+        sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
+        token = new_token(message.batch_id, _chain(message, meta), aged=fairness.waited_its_turn(now - sent))
         lease_until = now + self.settings.lease_seconds
         waiter_id = _waiter_id(message, meta)
         claim = [
@@ -313,7 +321,6 @@ class Worker:
             full = 2 if failure.failed(2) else 3
             slots_key, _, capacity = slots[full - 2]
             return self._wait_for_slot(message, meta, record, now, slots_key, None, capacity)
-        sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
         _metric("QueueWait", max(0.0, now - sent), "Seconds")
         return Claimed(message, meta, token, has_record=True, capacity=verdict.capacity, backoff=gates.backoff)
 
@@ -538,7 +545,7 @@ class Worker:
             _metric("SlotsYielded")
             return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
 
-        next_token = new_token(message.batch_id, _chain(following, meta))
+        next_token = new_token(message.batch_id, _chain(following, meta), aged=is_aged(token))
         lease_until = now + self.settings.lease_seconds
         counter = "completed" if settle["status"] == "completed" else "failed"
         elements = [

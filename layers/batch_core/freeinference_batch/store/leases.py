@@ -44,9 +44,17 @@ def model_load_key(model: str) -> dict:
 MAX_WAITERS = 32
 
 
-def new_token(batch_id: str, lane: int) -> str:
-    """A claim token, which is also the holder of the claim's slots."""
-    return f"{batch_id}.{lane}.{uuid.uuid4().hex}"
+AGED_MARK = ".aged"
+
+
+def new_token(batch_id: str, lane: int, aged: bool = False) -> str:
+    """A claim token, which is also the holder of the claim's slots: `<batch id>.<lane>.<random>`,
+    marked `.aged` for a chain that waited its turn (see fairness.py)."""
+    return f"{batch_id}.{lane}.{uuid.uuid4().hex}{AGED_MARK if aged else ''}"
+
+
+def is_aged(holder: str) -> bool:
+    return holder.endswith(AGED_MARK)
 
 
 def holder_batch(holder: str) -> str:
