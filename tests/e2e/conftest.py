@@ -43,6 +43,9 @@ SHORT_TIMINGS = {
     "BATCH_SCHEDULE_SECONDS": "1",
     "BATCH_RETRY_BASE_SECONDS": "0.2",
     "BATCH_RETRY_MAX_SECONDS": "1",
+    # A test's injected 429/503s lower the model's batch cap (model_backoff.py): let it recover
+    # within a request or two, or the next tests on the same stack would run on fewer slots.
+    "BATCH_RECOVERY_SECONDS": "0.5",
 }
 _LINE = re.compile(r"(?P<base_url>https?://\S+/v1)\b.*?(?P<key>hyi-[A-Za-z0-9_\-]+)")
 _KEY = re.compile(r"hyi-[A-Za-z0-9_\-]+")

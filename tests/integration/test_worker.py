@@ -499,7 +499,7 @@ def register_waiter(harness, slots_key: dict, record: dict, remaining: int = 1) 
     """The record's chain registered as waiting on the slots item (as a parked delivery does)."""
     message = RequestMessage.model_validate_json(record["body"])
     waiter = Waiter(id=f"{message.batch_id}#0", batch_id=message.batch_id, model=message.model,
-                    remaining=remaining, handle=record["receiptHandle"], until=now(harness) + 60)
+                    remaining=remaining, handle=record["receiptHandle"], until=now(harness) + 60, since=now(harness))
     leases = Leases(harness.settings)
     assert leases.add_waiter(slots_key, slots_item(harness, slots_key), waiter, now(harness)) is not None
     return waiter

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from freeinference_batch.store.leases import fair_shares, keeps_slot
+from freeinference_batch.fairness import AGING_SECONDS, fair_shares, keeps_slot, live_waiters, waited_its_turn
+from freeinference_batch.store.leases import new_token
 
 NOW = 1_000.0
 
 
-def slots_item(leases: list[str], waiters: list[tuple[str, int]]) -> dict:
-    """A slots item: the holders' tokens, and (batch id, requests left) per waiting chain."""
+def slots_item(leases: list[str], waiters: list[tuple[str, int]], since: dict[str, float] | None = None) -> dict:
+    """A slots item: the holders' tokens, and (batch id, requests left) per waiting chain, each
+    waiting since `since[batch]` (default: just now)."""
     return {
         "leases": {holder: NOW + 60 for holder in leases},
-        "waiters": {f"{batch}#{n}": {"b": batch, "m": "m", "r": left, "h": "handle", "u": NOW + 10}
+        "waiters": {f"{batch}#{n}": {"b": batch, "m": "m", "r": left, "h": "handle", "u": NOW + 10,
+                                     "s": (since or {}).get(batch, NOW - 1)}
                     for n, (batch, left) in enumerate(waiters)},
     }
 
@@ -25,6 +28,40 @@ def test_a_small_batch_waiting_takes_every_slot_it_can_use_from_a_big_one():
     assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 4, "big": 0}
     # All four of the big batch's chains read the same item and all give their slots up
     assert not any(keeps_slot(item, token, 0) for token in tokens("big", range(4)))
+
+
+def test_a_big_batch_that_waited_its_turn_keeps_it_while_small_batches_stream_in():
+    # Three small batches holding a slot each and waiting for more; the big one holds one through
+    # a chain that had waited its turn (its token is marked aged)
+    big = new_token("big", 2, aged=waited_its_turn(AGING_SECONDS))
+    item = slots_item([big, *tokens("s1", range(1)), *tokens("s2", range(1)), *tokens("s3", range(1))],
+                      [("s1", 90), ("s2", 80), ("s3", 100), ("s3", 100)])
+    assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 1  # a quarter of the model
+    assert keeps_slot(item, big, 1)
+    for batch, left in (("s1", 90), ("s2", 80), ("s3", 100)):
+        # a small batch's chain leaves the big one's slot alone: the small ones share the others
+        shares = fair_shares(item, 4, batch, left, NOW)
+        assert "big" not in shares and sum(shares.values()) == 3
+    # Had it not waited, it would give its slot to the small batches, as above
+    fresh = new_token("big", 2)
+    item["leases"][fresh] = item["leases"].pop(big)
+    assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 0
+    assert not waited_its_turn(AGING_SECONDS - 1)
+
+
+def test_an_aged_chain_keeps_its_batchs_slot_before_lower_lanes():
+    aged = new_token("big", 3, aged=True)
+    item = slots_item([*tokens("big", range(3)), aged], [("bigger", 5000)])
+    assert [keeps_slot(item, token, 1) for token in [*tokens("big", range(3)), aged]] == [False, False, False, True]
+
+
+def test_among_batches_holding_none_the_longest_waiting_goes_first():
+    item = slots_item(tokens("other", range(2)), [("early", 2000), ("late", 1500)],
+                      since={"early": NOW - 30, "late": NOW - 1})
+    item["waiters"]["other#9"] = {"b": "other", "m": "m", "r": 700, "h": "handle", "u": NOW + 10, "s": NOW}
+    # the one waiting longer gets the slot the holder gives up, though the other has fewer left
+    assert fair_shares(item, 2, "other", 700, NOW) == {"late": 0, "other": 1, "early": 1}
+    assert [w.batch_id for w in live_waiters(item, NOW)] == ["early", "late", "other"]
 
 
 def test_a_small_batch_needing_fewer_slots_leaves_the_rest_to_the_big_one():

@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     batch_api_enabled: bool = Field(True, alias="BATCH_API_ENABLED")
     # How long a dispatched message may go unclaimed before the sweep sends it again.
     batch_dispatch_lease_seconds: float = Field(600.0, alias="BATCH_DISPATCH_LEASE_SECONDS", gt=0)
+    # A model answering 429/503 halves its batch cap at most this often (model_backoff.py)...
+    batch_backoff_cooldown_seconds: float = Field(10.0, alias="BATCH_BACKOFF_COOLDOWN_SECONDS", ge=0)
+    # ...and while its calls succeed, the cap grows back one slot at most this often.
+    batch_recovery_seconds: float = Field(30.0, alias="BATCH_RECOVERY_SECONDS", ge=0)
     # Most bytes the lines of one page (results, batch list) may add to the API's answer: safely
     # under Lambda's 6,291,456-byte response payload limit (see pages.py).
     batch_page_budget_bytes: int = Field(5_000_000, alias="BATCH_PAGE_BUDGET_BYTES", ge=100_000, le=6_000_000)

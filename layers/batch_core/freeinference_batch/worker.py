@@ -34,8 +34,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from freeinference_batch import accounts, aws, clock, dispatch, lifecycle, upstream
+from freeinference_batch import accounts, aws, clock, dispatch, fairness, lifecycle, model_backoff, upstream
 from freeinference_batch.catalog import load_catalog
+from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
 from freeinference_batch.observability import logger, metrics
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
@@ -46,9 +47,7 @@ from freeinference_batch.store.leases import (
     Leases,
     Waiter,
     account_slots_key,
-    fair_shares,
-    keeps_slot,
-    live_waiters,
+    is_aged,
     model_slots_key,
     new_token,
 )
@@ -94,6 +93,9 @@ class Claimed:
     token: str
     # False for a request claimed by a hand-over: the SQS record in hand belongs to an earlier one.
     has_record: bool
+    # The model's batch capacity and backoff as the claim's gates read them (model_backoff.py).
+    capacity: int = 0
+    backoff: model_backoff.Backoff | None = None
 
 
 @dataclass
@@ -116,6 +118,7 @@ class Gates:
     load: int
     model_slots: dict | None
     account_slots: dict | None
+    backoff: model_backoff.Backoff | None = None
 
 
 @dataclass
@@ -209,14 +212,14 @@ class Worker:
         accounts_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
                          accounts_table.usage_item_key(account_id, clock.utc_day(now)),
                          accounts_table.load_item_key(message.model), model_slots_key(message.model),
-                         account_slots_key(account_id)]
+                         account_slots_key(account_id), accounts_table.backoff_item_key(message.model)]
         found = batch_get({
             self.table.name: {"Keys": [meta_key(message.batch_id)], "ConsistentRead": True},
             self.settings.accounts_table_name: {"Keys": accounts_keys, "ConsistentRead": True},
         })
         meta = found[self.table.name][0] if found[self.table.name] else None
         by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
-        key_item, account, usage, load, model_slots, account_slots = (
+        key_item, account, usage, load, model_slots, account_slots, backoff = (
             by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in accounts_keys)
         if meta is not None and (meta["account_id"] != account_id or meta["key_hash"] != key_hash):
             # Messages are ours, but never trust one over the batch it names.
@@ -224,7 +227,8 @@ class Worker:
             meta = None
         return Gates(meta=meta, key_item=key_item or {}, account=account or {},
                      usage_nano=int((usage or {}).get("cost_nano", 0)), load=int((load or {}).get("inflight", 0)),
-                     model_slots=model_slots, account_slots=account_slots)
+                     model_slots=model_slots, account_slots=account_slots,
+                     backoff=accounts_table.backoff_of(backoff))
 
     def _judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0) -> Verdict:
         """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over."""
@@ -242,7 +246,7 @@ class Worker:
         model = self.catalog.models.get(message.model)
         if model is None:
             return Verdict("no_model", owner)
-        return Verdict("run", owner, model.batch_capacity(gates.load))
+        return Verdict("run", owner, model_backoff.capped(model.batch_capacity(gates.load), gates.backoff))
 
     # ---- claiming -----------------------------------------------------------------------
 
@@ -288,7 +292,8 @@ class Worker:
             if (live and record.get("receiptHandle")) or self.leases.reap(slots_key, now) >= capacity:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
-        token = new_token(message.batch_id, _chain(message, meta))
+        sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
+        token = new_token(message.batch_id, _chain(message, meta), aged=fairness.waited_its_turn(now - sent))
         lease_until = now + self.settings.lease_seconds
         waiter_id = _waiter_id(message, meta)
         claim = [
@@ -316,9 +321,8 @@ class Worker:
             full = 2 if failure.failed(2) else 3
             slots_key, _, capacity = slots[full - 2]
             return self._wait_for_slot(message, meta, record, now, slots_key, None, capacity)
-        sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
         _metric("QueueWait", max(0.0, now - sent), "Seconds")
-        return Claimed(message, meta, token, has_record=True)
+        return Claimed(message, meta, token, has_record=True, capacity=verdict.capacity, backoff=gates.backoff)
 
     def _claim_request_element(self, message: RequestMessage, meta: dict, token: str, now: float) -> dict:
         return self.table.request_update_element(
@@ -368,7 +372,7 @@ class Worker:
         if item is None:
             item = self._read_slots([slots_key])[0]
         waiter = Waiter(id=_waiter_id(message, meta), batch_id=message.batch_id, model=message.model,
-                        remaining=_remaining(meta), handle=handle, until=now + seconds + 5)
+                        remaining=_remaining(meta), handle=handle, until=now + seconds + 5, since=min(sent, now))
         registered = self.leases.add_waiter(slots_key, item, waiter, now)
         if registered is None:
             return Parked(random.uniform(*SLOT_WAIT_SECONDS))
@@ -437,6 +441,7 @@ class Worker:
         message, meta, token = claimed.message, claimed.meta, claimed.token
         now = self.now()
         log = {"batch_id": message.batch_id, "position": message.position}
+        self._adjust_backoff(claimed, outcome, now)
         state = self.table.get_request(message.batch_id, message.position) if outcome.kind == "retry" else None
         attempts = int(state.get("attempts", 1)) if state else 1
         if outcome.kind == "retry" and attempts < self.settings.batch_max_attempts:
@@ -483,6 +488,33 @@ class Worker:
         self._continue_chain(message, following, now, leave.delay_seconds)
         return Done()
 
+    def _adjust_backoff(self, claimed: Claimed, outcome: upstream.Outcome, now: float) -> None:
+        """Lower the model's batch cap on an overload answer, raise it back on success (AIMD, see
+        model_backoff.py). Best effort: it only tunes how much runs at once."""
+        model_name = claimed.message.model
+        model = self.catalog.models.get(model_name)
+        if model is None:
+            return
+        try:
+            if outcome.kind == "retry" and (outcome.error or {}).get("code") in model_backoff.OVERLOAD_CODES:
+                cap = model_backoff.lowered(claimed.capacity, claimed.backoff, now,
+                                            self.settings.batch_backoff_cooldown_seconds)
+                if cap is not None and accounts_table.set_model_cap(self.settings, model_name, cap, now,
+                                                                    claimed.backoff):
+                    _metric("ModelCapLowered")
+                    logger.warning("model overloaded: batch cap lowered", extra={"model": model_name, "cap": cap})
+            elif outcome.kind == "completed" and claimed.backoff is not None:
+                cap = model_backoff.raised(model.batch_concurrency, claimed.backoff, now,
+                                           self.settings.batch_recovery_seconds)
+                if cap is None:
+                    return
+                if cap >= model.batch_concurrency:
+                    accounts_table.end_model_backoff(self.settings, model_name, claimed.backoff)
+                else:
+                    accounts_table.set_model_cap(self.settings, model_name, cap, now, claimed.backoff)
+        except ClientError:
+            logger.exception("could not adjust the model's batch cap", extra={"model": model_name})
+
     def _following(self, message: RequestMessage, meta: dict) -> RequestMessage | None:
         """The chain's next request, or None at the chain's end."""
         width = meta["lane_widths"][message.model]
@@ -513,7 +545,7 @@ class Worker:
             _metric("SlotsYielded")
             return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
 
-        next_token = new_token(message.batch_id, _chain(following, meta))
+        next_token = new_token(message.batch_id, _chain(following, meta), aged=is_aged(token))
         lease_until = now + self.settings.lease_seconds
         counter = "completed" if settle["status"] == "completed" else "failed"
         elements = [
@@ -540,12 +572,13 @@ class Worker:
                 return Done()
             return Leave()  # the batch stopped, a slot changed or the next request was claimed: settle plainly
         _metric("RequestsHandedOver")
-        return Claimed(following, fresh_meta, next_token, has_record=False)
+        return Claimed(following, fresh_meta, next_token, has_record=False, capacity=verdict.capacity,
+                       backoff=gates.backoff)
 
     def _should_yield(self, batch_id: str, token: str, remaining: int,
                       slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
         """Batches take turns: give this slot up when another batch waits for it and this batch
-        holds more than its fair share (see store/leases.py `fair_shares`)."""
+        holds more than its fair share (see fairness.py `fair_shares`)."""
         for _, item, capacity in slots:
             if not any(w.batch_id != batch_id for w in live_waiters(item, now)):
                 continue

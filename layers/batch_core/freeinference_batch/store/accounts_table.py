@@ -9,6 +9,8 @@ Items (`pk` / `sk`, both strings):
   updated_at
 - daily usage `ACCOUNT#<id>` / `USAGE#YYYY-MM-DD`: cost_nano, ttl
 - model load `MODEL#<model>` / `LOAD`: inflight, updated_at
+- model backoff `MODEL#<model>` / `BACKOFF`: cap, changed_at (absent while the model is not
+  backing off; see model_backoff.py)
 - idempotency record `ACCOUNT#<id>` / `IDEMPOTENCY#<sha256 hex of the key>`: body_sha256,
   batch_id, answer (the create's JSON answer), created_at, expires_at, ttl
 
@@ -24,6 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from freeinference_batch import aws
+from freeinference_batch.model_backoff import Backoff
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.dynamo import from_item as _from_item
 from freeinference_batch.store.dynamo import is_conditional_failure as _is_conditional_failure
@@ -33,6 +36,7 @@ from freeinference_batch.store.dynamo import to_attr as _attr
 KEY_SK = "KEY"
 ACCOUNT_SK = "ACCOUNT"
 LOAD_SK = "LOAD"
+BACKOFF_SK = "BACKOFF"
 # The daily usage item outlives its day by this much (DynamoDB TTL removes it afterwards).
 USAGE_TTL_SECONDS = 3 * 24 * 3600
 
@@ -56,6 +60,10 @@ def usage_item_key(account_id: str, day: str) -> dict[str, dict]:
 
 def load_item_key(model: str) -> dict[str, dict]:
     return _key(f"MODEL#{model}", LOAD_SK)
+
+
+def backoff_item_key(model: str) -> dict[str, dict]:
+    return _key(f"MODEL#{model}", BACKOFF_SK)
 
 
 def _get(settings: Settings, key: dict[str, dict]) -> dict[str, Any] | None:
@@ -333,3 +341,49 @@ def put_model_load(settings: Settings, model: str, inflight: int, *, at: int) ->
 def get_model_load(settings: Settings, model: str) -> dict[str, Any] | None:
     answer = aws.dynamodb().get_item(TableName=settings.accounts_table_name, Key=load_item_key(model))
     return _from_item(answer.get("Item"))
+
+
+# -- model backoff --
+
+
+def backoff_of(item: dict[str, Any] | None) -> Backoff | None:
+    """The backoff an item read by a gate shows, if any."""
+    if not item:
+        return None
+    return Backoff(cap=int(item["cap"]), changed_at=float(item["changed_at"]))
+
+
+def set_model_cap(settings: Settings, model: str, cap: int, now: float, seen: Backoff | None) -> bool:
+    """Set the model's backoff cap, only if it is still as `seen` (None: no backoff): of two
+    workers deciding from the same read, one writes. False if it changed meanwhile."""
+    condition = ("attribute_not_exists(pk)" if seen is None
+                 else "changed_at = :seen_at AND cap = :seen_cap")
+    values = {":cap": _attr(cap), ":now": _attr(now)}
+    if seen is not None:
+        values |= {":seen_at": _attr(seen.changed_at), ":seen_cap": _attr(seen.cap)}
+    try:
+        aws.dynamodb().update_item(
+            TableName=settings.accounts_table_name, Key=backoff_item_key(model),
+            UpdateExpression="SET cap = :cap, changed_at = :now", ConditionExpression=condition,
+            ExpressionAttributeValues=values,
+        )
+    except ClientError as error:
+        if _is_conditional_failure(error):
+            return False
+        raise
+    return True
+
+
+def end_model_backoff(settings: Settings, model: str, seen: Backoff) -> bool:
+    """The model is back to its full batch cap: remove the backoff, if still as `seen`."""
+    try:
+        aws.dynamodb().delete_item(
+            TableName=settings.accounts_table_name, Key=backoff_item_key(model),
+            ConditionExpression="changed_at = :seen_at AND cap = :seen_cap",
+            ExpressionAttributeValues={":seen_at": _attr(seen.changed_at), ":seen_cap": _attr(seen.cap)},
+        )
+    except ClientError as error:
+        if _is_conditional_failure(error):
+            return False
+        raise
+    return True

@@ -10,21 +10,15 @@ many slots each batch holds, and which of its lanes hold them.
 
 Beside the leases, the item keeps `waiters`: chains that found the slots full, each with the
 receipt handle of its parked message. Whoever frees a slot without taking it again makes the
-best waiter's message visible at once (see `Waiter.rank`), so a freed slot never sits idle
-for the length of a park, and a settling chain can hand its slot to a smaller batch.
-
-How many slots each batch should hold while others wait is `fair_shares`: small batches
-first, then every batch keeps one, a waiting batch holding none gets one, and the rest go to
-the batches with the fewest requests left. All the chains of a batch read the same item and
-so agree on which of them give a slot up (`keeps_slot`: the lowest lanes keep), instead of
-each yielding on its own.
+best waiter's message visible at once, so a freed slot never sits idle for the length of a park.
+Who is best, and how many slots each batch should hold while others wait, is the engine's
+policy (`fairness.py`); this module only stores and reads the leases and the waiters.
 """
 
 from __future__ import annotations
 
 import math
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
@@ -48,29 +42,28 @@ def model_load_key(model: str) -> dict:
 
 # Bounds the slots item (every gate read carries it): beyond this, waiters just park longer.
 MAX_WAITERS = 32
-# A batch with at most this many requests left takes every slot it can use ahead of bigger ones,
-# even their last: it is over in a few request times, so the bigger ones lose only that.
-SMALL_BATCH_REQUESTS = 100
 
 
-def new_token(batch_id: str, lane: int) -> str:
-    """A claim token, which is also the holder of the claim's slots."""
-    return f"{batch_id}.{lane}.{uuid.uuid4().hex}"
+AGED_MARK = ".aged"
 
 
-def _holder_batch(holder: str) -> str:
+def new_token(batch_id: str, lane: int, aged: bool = False) -> str:
+    """A claim token, which is also the holder of the claim's slots: `<batch id>.<lane>.<random>`,
+    marked `.aged` for a chain that waited its turn (see fairness.py)."""
+    return f"{batch_id}.{lane}.{uuid.uuid4().hex}{AGED_MARK if aged else ''}"
+
+
+def is_aged(holder: str) -> bool:
+    return holder.endswith(AGED_MARK)
+
+
+def holder_batch(holder: str) -> str:
     return holder.split(".", 1)[0]
 
 
-def _holder_lane(holder: str) -> float:
+def holder_lane(holder: str) -> float:
     lane = holder.split(".")[1] if holder.count(".") >= 2 else ""
     return int(lane) if lane.isdigit() else math.inf  # not a batch chain's token: ranks last
-
-
-def held_by(item: dict | None, batch_id: str) -> int:
-    """How many of the item's slots the batch's requests hold."""
-    prefix = f"{batch_id}."
-    return sum(1 for holder in (item or {}).get("leases", {}) if holder.startswith(prefix))
 
 
 @dataclass(frozen=True)
@@ -81,66 +74,20 @@ class Waiter:
     remaining: int  # the batch's unfinished requests when it registered
     handle: str
     until: float
-
-    def rank(self, item: dict | None) -> tuple[bool, int, float]:
-        """Who is woken first: batches holding none of the slots, then the fewest requests left."""
-        return held_by(item, self.batch_id) > 0, self.remaining, self.until
+    since: float  # when the chain began to wait (its message was sent)
 
     def entry(self) -> dict:
-        return {"b": self.batch_id, "m": self.model, "r": self.remaining, "h": self.handle, "u": self.until}
+        return {"b": self.batch_id, "m": self.model, "r": self.remaining, "h": self.handle, "u": self.until,
+                "s": self.since}
 
 
-def live_waiters(item: dict | None, now: float) -> list[Waiter]:
-    """The item's unexpired waiters, best first."""
-    waiters = [
-        Waiter(id=name, batch_id=e["b"], model=e["m"], remaining=int(e["r"]), handle=e["h"], until=float(e["u"]))
+def waiters_of(item: dict | None, now: float) -> list[Waiter]:
+    """The item's unexpired waiters, in no particular order."""
+    return [
+        Waiter(id=name, batch_id=e["b"], model=e["m"], remaining=int(e["r"]), handle=e["h"], until=float(e["u"]),
+               since=float(e.get("s", e["u"])))
         for name, e in (item or {}).get("waiters", {}).items() if float(e["u"]) > now
     ]
-    return sorted(waiters, key=lambda w: w.rank(item))
-
-
-def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int, now: float) -> dict[str, int]:
-    """How many slots the given batch and each waiting batch should hold, from what the item shows.
-
-    Batches that hold slots and have no waiter are left out (their own chains decide for them),
-    and their slots with them. Of the rest, small batches (at most SMALL_BATCH_REQUESTS left) come
-    first, fewest left first, as many slots as they have chains: they are over in a few request
-    times. Then every other batch holding a slot keeps one (it always makes progress), each
-    waiting batch holding none gets one, and the slots left go to the fewest requests left, up to
-    as many chains as each has running or waiting."""
-    holders = Counter(_holder_batch(h) for h in (item or {}).get("leases", {}))
-    waiters = live_waiters(item, now)
-    waiting = Counter(w.batch_id for w in waiters)
-    left = {w.batch_id: w.remaining for w in waiters}
-    left[batch_id] = remaining
-    wants = {b: holders[b] + waiting[b] for b in left}
-    free = capacity - sum(n for b, n in holders.items() if b not in left)
-    order = sorted(left, key=lambda b: (left[b], b))
-    shares = dict.fromkeys(order, 0)
-
-    def give(batch: str, up_to: int) -> None:
-        nonlocal free
-        more = min(free, up_to - shares[batch])
-        if more > 0:
-            shares[batch], free = shares[batch] + more, free - more
-
-    for batch in order:
-        if left[batch] <= SMALL_BATCH_REQUESTS:
-            give(batch, wants[batch])
-    for holding in (True, False):
-        for batch in order:
-            if (holders[batch] > 0) == holding:
-                give(batch, min(1, wants[batch]))
-    for batch in order:
-        give(batch, wants[batch])
-    return shares
-
-
-def keeps_slot(item: dict | None, token: str, share: int) -> bool:
-    """Whether this holder is among the `share` of its batch's holders that keep their slots."""
-    batch = _holder_batch(token)
-    mine = sorted((_holder_lane(h), h) for h in (item or {}).get("leases", {}) if _holder_batch(h) == batch)
-    return (_holder_lane(token), token) in mine[:share]
 
 
 class Leases:
@@ -231,7 +178,7 @@ class Leases:
                 if not is_conditional_failure(error):
                     raise
             present = {}  # someone else created it meanwhile: add to it
-        live = {w.id for w in live_waiters(item, now)}
+        live = {w.id for w in waiters_of(item, now)}
         if waiter.id not in live and len(live) >= MAX_WAITERS:
             return None
         expired = [name for name, e in present.items() if float(e["u"]) <= now and name != waiter.id][:20]

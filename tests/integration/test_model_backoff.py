@@ -1,0 +1,50 @@
+"""An overloaded model: batch traffic backs off (AIMD of the model's batch cap), on moto."""
+
+from __future__ import annotations
+
+from freeinference_batch import aws
+from freeinference_batch.store import accounts_table
+from freeinference_batch.store.leases import Leases, model_slots_key
+from freeinference_batch.worker import Done, Parked, Worker
+
+from tests.integration.conftest import sample_request
+from tests.integration.test_worker import MODEL, NO_RECORD, fill_slots, message_for, now
+
+
+def backoff_cap(harness) -> int | None:
+    item = aws.dynamodb().get_item(TableName=harness.settings.accounts_table_name,
+                                   Key=accounts_table.backoff_item_key(MODEL), ConsistentRead=True).get("Item")
+    return int(item["cap"]["N"]) if item else None
+
+
+def test_an_overloaded_model_halves_its_batch_cap_and_wins_it_back_as_calls_succeed(harness):
+    # Given a model running 4 batch requests at once, and requests that meet a 429 or succeed
+    harness.configure(BATCH_BACKOFF_COOLDOWN_SECONDS="10", BATCH_RECOVERY_SECONDS="30")
+    busy = [sample_request(f"busy-{i}", f"Busy {i} [sim:fail=429*1]") for i in range(3)]
+    fine = [sample_request(f"fine-{i}", f"Fine {i}") for i in range(5)]
+    batch = harness.create(busy + fine)
+
+    def run(position: int) -> Done | Parked:
+        return Worker(harness.settings).process(message_for(harness, batch["id"], position), NO_RECORD)
+
+    # When the model answers 429
+    assert isinstance(run(0), Parked)  # the request waits for its retry
+    # Then the cap halves: with 2 slots held elsewhere, another batch request now waits
+    assert backoff_cap(harness) == 2
+    slots = model_slots_key(MODEL)
+    fill_slots(harness, slots, {"interactive-a": now(harness) + 3600, "interactive-b": now(harness) + 3600})
+    assert isinstance(run(3), Parked)
+    for holder in ("interactive-a", "interactive-b"):
+        Leases(harness.settings).release(slots, holder)
+    # A second 429 within the cooldown does not halve it again; one after it does
+    assert isinstance(run(1), Parked) and backoff_cap(harness) == 2
+    harness.advance_clock(11)
+    assert isinstance(run(2), Parked) and backoff_cap(harness) == 1
+    # And while calls succeed, the cap grows back one slot per interval, then the backoff ends
+    assert isinstance(run(3), Done) and backoff_cap(harness) == 1  # within the interval
+    for position, expected in ((4, 2), (5, 3), (6, None)):
+        harness.advance_clock(31)
+        assert isinstance(run(position), Done)
+        assert backoff_cap(harness) == expected
+    harness.advance_clock(31)
+    assert isinstance(run(7), Done) and backoff_cap(harness) is None
