@@ -323,6 +323,9 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
 # Operations in the package that no function makes: (service, operation) -> who makes them.
 NOT_BY_FUNCTIONS = {
     ("dynamodb", "PutItem"): "accounts_table.put_model_load: `admin set-load` (and the interactive gateway)",
+    # Signed locally, no call: the GET it signs is authorized as the signer's s3:GetObject on
+    # the response, which the API is granted (and uses) to read responses.
+    ("s3", "GeneratePresignedUrl"): "batch_table.response_url: the client's GET of a result's body_url",
 }
 
 

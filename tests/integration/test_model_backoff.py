@@ -14,7 +14,7 @@ from tests.integration.test_worker import MODEL, NO_RECORD, fill_slots, message_
 def backoff_cap(harness) -> int | None:
     item = aws.dynamodb().get_item(TableName=harness.settings.accounts_table_name,
                                    Key=accounts_table.backoff_item_key(MODEL), ConsistentRead=True).get("Item")
-    return int(item["cap"]["N"]) if item else None
+    return int(item["cap"]["N"]) if item and "cap" in item else None
 
 
 def test_an_overloaded_model_halves_its_batch_cap_and_wins_it_back_as_calls_succeed(harness):

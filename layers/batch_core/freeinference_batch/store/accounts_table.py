@@ -9,8 +9,8 @@ Items (`pk` / `sk`, both strings):
   updated_at
 - daily usage `ACCOUNT#<id>` / `USAGE#YYYY-MM-DD`: cost_nano, ttl
 - model load `MODEL#<model>` / `LOAD`: inflight, updated_at
-- model backoff `MODEL#<model>` / `BACKOFF`: cap, changed_at (absent while the model is not
-  backing off; see model_backoff.py)
+- model backoff `MODEL#<model>` / `BACKOFF`: cap, changed_at (absent, or without them, while the
+  model is not backing off; see model_backoff.py)
 - idempotency record `ACCOUNT#<id>` / `IDEMPOTENCY#<sha256 hex of the key>`: body_sha256,
   batch_id, answer (the create's JSON answer), created_at, expires_at, ttl
 
@@ -348,7 +348,7 @@ def get_model_load(settings: Settings, model: str) -> dict[str, Any] | None:
 
 def backoff_of(item: dict[str, Any] | None) -> Backoff | None:
     """The backoff an item read by a gate shows, if any."""
-    if not item:
+    if not item or "cap" not in item:
         return None
     return Backoff(cap=int(item["cap"]), changed_at=float(item["changed_at"]))
 
@@ -375,10 +375,12 @@ def set_model_cap(settings: Settings, model: str, cap: int, now: float, seen: Ba
 
 
 def end_model_backoff(settings: Settings, model: str, seen: Backoff) -> bool:
-    """The model is back to its full batch cap: remove the backoff, if still as `seen`."""
+    """The model is back to its full batch cap: remove the backoff, if still as `seen`. (An
+    update that empties the item, not a DeleteItem: no function may delete items one by one.)"""
     try:
-        aws.dynamodb().delete_item(
+        aws.dynamodb().update_item(
             TableName=settings.accounts_table_name, Key=backoff_item_key(model),
+            UpdateExpression="REMOVE cap, changed_at",
             ConditionExpression="changed_at = :seen_at AND cap = :seen_cap",
             ExpressionAttributeValues={":seen_at": _attr(seen.changed_at), ":seen_cap": _attr(seen.cap)},
         )
