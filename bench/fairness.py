@@ -99,7 +99,7 @@ def diagnose(args: argparse.Namespace, directive: str) -> None:
           f"runs on in its invocation, handing its slots to its next request; one that finds the slots full "
           f"registers as a waiter and parks {worker.WOKEN_WAIT_SECONDS[0]:g}-{worker.WOKEN_WAIT_SECONDS[1]:g} s, "
           f"but is made visible as soon as a slot frees; a batch above its share gives slots up to waiting "
-          f"batches (store/leases.py fair_shares: small batches first).")
+          f"batches (fairness.py fair_shares: small batches first, a batch that waited its turn keeps one).")
 
 
 def main() -> None:
