@@ -122,6 +122,29 @@ def test_a_failed_condition_other_than_the_limit_is_not_reported_as_the_limit(ha
     assert status == 503 and "unfinished" not in body["error"]["message"], body
 
 
+def test_a_create_whose_commit_answer_was_lost_and_retried_keeps_its_batch(harness, monkeypatch):
+    # Given a transaction that commits, but whose answer is lost, so that it is sent again (as
+    # botocore does after a 5xx or a reset connection) and fails its own conditions
+    real_transact = batches.transact
+
+    def committed_then_retried(elements, **kwargs):
+        real_transact(elements, **kwargs)
+        raise TransactionFailed(["ConditionalCheckFailed", "ConditionalCheckFailed"])
+
+    monkeypatch.setattr(batches, "transact", committed_then_retried)
+    harness.configure(BATCH_MAX_UNFINISHED=1)
+    # When the batch is created
+    status, batch = harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})
+    monkeypatch.setattr(batches, "transact", real_transact)
+    # Then it is answered as created, it is there, it holds the account's one unfinished slot,
+    # and it runs
+    assert status == 200, batch
+    assert harness.call("GET", f"/v1/batches/{batch['id']}")[0] == 200
+    assert harness.call("POST", "/v1/batches", {"requests": [sample_request("q-1")]})[0] == 429
+    assert harness.run_to_final(batch["id"])["status"] == "completed"
+    assert harness.call("POST", "/v1/batches", {"requests": [sample_request("q-1")]})[0] == 200
+
+
 @pytest.mark.parametrize("method,suffix", [("POST", "/cancel"), ("DELETE", "")])
 def test_cancel_and_delete_conflicts_are_503_with_retry_after(harness, monkeypatch, method, suffix):
     batch = harness.create([sample_request("q-0")])

@@ -26,6 +26,7 @@ from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, upstream
 from freeinference_batch.local.handlers import LOCAL_STACK_NAME, LambdaContext, load_handler
 from freeinference_batch.local.template import function_properties, load_template, resources_of_type
+from freeinference_batch.store import batch_table
 
 from tests.integration.conftest import sample_request
 
@@ -219,6 +220,9 @@ def recorder(harness, monkeypatch) -> Recorder:
 
     def as_function(handler: Callable, function: Callable[[], str]) -> Callable:
         def run(event: Any, context: Any) -> Any:
+            # Each function has its own caches on AWS: one function's cached reads must not hide
+            # another's calls here, where they share one process.
+            batch_table._chunks.clear()
             rec.function = function()
             try:
                 return handler(event, context)
@@ -283,8 +287,16 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
                     sample_request(f"{tag}-{model}-big-answer", "BigAnswer", model=model)]
         return out
 
-    first = harness.create([*requests("a"), sample_request("big-body", big_body)])
+    status, first = harness.call("POST", "/v1/batches", {"requests": [*requests("a"),
+                                                                    sample_request("big-body", big_body)]},
+                                 headers={"idempotency-key": "scenario-first"})
+    assert status == 200, first
     second = harness.create(requests("b"))
+    # A create refused at the limit takes back what it stored, its S3 body included.
+    harness.configure(BATCH_MAX_UNFINISHED=2)
+    status, refused = harness.call("POST", "/v1/batches", {"requests": [sample_request("big-again", big_body)]})
+    assert status == 429, refused
+    harness.configure(BATCH_MAX_UNFINISHED=10)
     for batch in (first, second):
         assert harness.run_to_final(batch["id"], timeout=90)["status"] == "completed"
     status, page = harness.call("GET", f"/v1/batches/{first['id']}/results?limit=1000")

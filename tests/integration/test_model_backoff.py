@@ -48,3 +48,7 @@ def test_an_overloaded_model_halves_its_batch_cap_and_wins_it_back_as_calls_succ
         assert backoff_cap(harness) == expected
     harness.advance_clock(31)
     assert isinstance(run(7), Done) and backoff_cap(harness) is None
+    # And the next overload halves it again
+    more = harness.create([sample_request("busy-again", "Busy again [sim:fail=503*1]")])
+    assert isinstance(Worker(harness.settings).process(message_for(harness, more["id"], 0), NO_RECORD), Parked)
+    assert backoff_cap(harness) == 2

@@ -147,7 +147,15 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     try:
         transact(elements)
     except TransactionFailed as failure:
-        table.purge(batch_id)
+        if failure.failed(0) and table.get_meta(batch_id) is not None:
+            # META exists: only this call can have written it (the id is new), so an earlier try
+            # of this same transaction committed and its answer was lost (botocore re-sends after
+            # a 5xx or a reset connection). The batch is stored: carry on, never purge it.
+            start_chains(settings, table, meta, first_messages, lane_widths, lanes)
+            return Created(answer)
+        # Nothing of it is visible: remove what step 1 stored (its S3 objects by name, so the API
+        # needs no right to list the bucket).
+        table.purge(batch_id, s3_keys=[item["s3_key"]["S"] for item in items if "s3_key" in item])
         if key is not None and failure.failed(2):
             # A concurrent create with this key won: its batch is the answer (or 422).
             original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))

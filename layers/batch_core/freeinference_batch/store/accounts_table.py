@@ -356,7 +356,8 @@ def backoff_of(item: dict[str, Any] | None) -> Backoff | None:
 def set_model_cap(settings: Settings, model: str, cap: int, now: float, seen: Backoff | None) -> bool:
     """Set the model's backoff cap, only if it is still as `seen` (None: no backoff): of two
     workers deciding from the same read, one writes. False if it changed meanwhile."""
-    condition = ("attribute_not_exists(pk)" if seen is None
+    # No backoff is no item, or an item a finished backoff emptied (see end_model_backoff).
+    condition = ("attribute_not_exists(cap)" if seen is None
                  else "changed_at = :seen_at AND cap = :seen_cap")
     values = {":cap": _attr(cap), ":now": _attr(now)}
     if seen is not None:

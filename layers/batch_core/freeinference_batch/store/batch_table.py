@@ -120,6 +120,11 @@ class _LruCache:
                 return self._items[name]
         return None
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._weight = 0
+
     def put(self, name: Any, value: Any) -> None:
         weight = self._weigh(value)
         if weight > self._size:
@@ -416,15 +421,19 @@ class BatchTable:
 
     # ---- purge --------------------------------------------------------------------------
 
-    def purge(self, batch_id: str) -> int:
-        """Delete every item and object of a batch; META last, so a crash mid-way is retried."""
+    def purge(self, batch_id: str, s3_keys: list[str] | None = None) -> int:
+        """Delete every item and object of a batch; META last, so a crash mid-way is retried.
+        `s3_keys`: the batch's objects when the caller knows them all (else they are listed)."""
         keys = [key(i["pk"], i["sk"]) for i in query_all(
             TableName=self.name, KeyConditionExpression="pk = :pk",
             ExpressionAttributeValues=values(pk=batch_pk(batch_id)), ProjectionExpression="pk, sk",
         )]
         meta = meta_key(batch_id)
         others = [k for k in keys if k != meta]
-        self._delete_objects(f"{batch_id}/")
+        if s3_keys is None:
+            self._delete_objects(f"{batch_id}/")
+        elif s3_keys:
+            aws.s3().delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in s3_keys]})
         batch_write(self.name, deletes=others)
         batch_write(self.name, deletes=[meta] if meta in keys else [])
         return len(keys)
