@@ -43,8 +43,10 @@ SHORT_TIMINGS = {
     "BATCH_SCHEDULE_SECONDS": "1",
     "BATCH_RETRY_BASE_SECONDS": "0.2",
     "BATCH_RETRY_MAX_SECONDS": "1",
-    # A test's injected 429/503s lower the model's batch cap (model_backoff.py): let it recover
-    # within a request or two, or the next tests on the same stack would run on fewer slots.
+    # A test's injected 429/503s lower the model's batch cap (model_backoff.py): halve it at most
+    # once in a run and let it recover within a request or two, or the tests that inject many
+    # (and those after them on the same stack) would run on one slot.
+    "BATCH_BACKOFF_COOLDOWN_SECONDS": "3600",
     "BATCH_RECOVERY_SECONDS": "0.5",
 }
 _LINE = re.compile(r"(?P<base_url>https?://\S+/v1)\b.*?(?P<key>hyi-[A-Za-z0-9_\-]+)")

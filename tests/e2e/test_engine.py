@@ -209,7 +209,7 @@ def outcomes(engine: StackProcess, sim: UpstreamSimulator) -> dict:
     api = engine.api()
     names = list(OUTCOMES)
     batch = submit(api, [item(name, f"Case {name} {OUTCOMES[name][0]}") for name in names])
-    final = wait_final(api, batch["id"], timeout=90)
+    final = wait_final(api, batch["id"], timeout=150)
     results = {r["custom_id"]: r for r in api.results(batch["id"])}
     seen = {name: attempts(sim, batch["id"], position) for position, name in enumerate(names)}
     return {"batch": final, "results": results, "attempts": seen}

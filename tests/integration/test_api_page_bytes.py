@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import requests
-from freeinference_batch.pages import LAMBDA_RESPONSE_LIMIT
+from freeinference_batch.pages import LAMBDA_PAYLOAD_LIMIT
 from freeinference_batch.store.batch_table import BatchTable
 
 from tests.integration.conftest import sample_request
@@ -55,7 +55,7 @@ def read_all_results(harness, batch_id: str, answers: list[dict]) -> tuple[list[
         query = "?limit=1000" + (f"&after={after}" if after else "")
         status, page = harness.call("GET", f"/v1/batches/{batch_id}/results{query}")
         assert status == 200, page
-        assert payload_bytes(answers[-1]) <= 5_000_000 < LAMBDA_RESPONSE_LIMIT
+        assert payload_bytes(answers[-1]) <= 5_000_000 < LAMBDA_PAYLOAD_LIMIT
         assert page["data"], "a page always carries at least one line"
         lines.extend(page["data"])
         sizes.append(len(page["data"]))

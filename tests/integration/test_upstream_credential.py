@@ -116,6 +116,27 @@ def test_rotating_the_secret_reaches_the_workers_without_a_deploy(moto_env, reco
     assert fetches == ["fetch", "fetch"]
 
 
+def test_a_failed_refresh_keeps_the_credential_last_read(moto_env, recording_upstream):
+    # Given a worker that has read the secret once, with a cache that has expired
+    arn = _template_secret_arn()
+    boto3.client("secretsmanager").put_secret_value(SecretId=arn, SecretString="upstream-key-1")
+    settings = Settings(UPSTREAM_BASE_URL=recording_upstream.base_url, UPSTREAM_API_KEY_SECRET=arn,
+                        UPSTREAM_API_KEY_MAX_AGE_SECONDS=0)
+    assert upstream.call(settings, b"{}", account_id="a", request_ref="b:0").kind == "completed"
+
+    # When Secrets Manager fails the next read (the secret is gone here; a throttle or a blip on AWS)
+    boto3.client("secretsmanager").delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+    outcome = upstream.call(settings, b"{}", account_id="a", request_ref="b:1")
+
+    # Then the request still runs, with the credential last read: it costs no attempt
+    assert outcome.kind == "completed"
+    assert recording_upstream.authorizations == ["Bearer upstream-key-1", "Bearer upstream-key-1"]
+    # (a worker that never read it has nothing to fall back on: it fails, at its cold start)
+    aws.reset_clients()
+    with pytest.raises(Exception, match=r"(?i)secret"):
+        upstream.api_key(settings)
+
+
 def test_without_a_secret_the_plain_setting_is_sent_and_nothing_when_empty(moto_env, recording_upstream):
     # The local stack's case: the simulated upstream needs no credential.
     for key, expected in (("local-key", "Bearer local-key"), ("", None)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from freeinference_batch import aws, clock, schedules
+from freeinference_batch import aws, clock, dispatch, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.local.upstream_sim import prompt_tokens, reply_for
@@ -19,7 +19,7 @@ from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import values
 from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
-from freeinference_batch.worker import Done, Parked, Worker
+from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, Parked, Worker
 
 from tests.integration.conftest import sample_request
 
@@ -531,3 +531,24 @@ def test_a_yielding_chain_wakes_from_what_it_read_and_looks_again_where_that_is_
     assert not received_record_now(harness, batches[0]["id"], 0)  # taken by the other worker, not made visible here
     for slots_key in (model_slots_key(MODEL), account_slots_key(ACCOUNT)):
         assert not (slots_item(harness, slots_key) or {}).get("waiters")
+
+
+def test_a_fresh_copy_of_a_long_waiting_message_keeps_its_place_among_the_waiters(harness, worker, monkeypatch):
+    # Given a chain whose message has waited for a slot so often that it is replaced by a copy
+    sent: list[RequestMessage] = []
+    real_send = dispatch.send
+    monkeypatch.setattr(dispatch, "send", lambda settings, messages, **kw: (sent.extend(messages),
+                                                                             real_send(settings, messages, **kw)))
+    batch = harness.create([sample_request("q-0")])
+    sent.clear()
+    hold_all_model_slots(harness, "others")
+    record = received_record(harness, batch["id"], 0)
+    began = float(record["attributes"]["SentTimestamp"]) / 1000 - 3600  # it waits for an hour
+    record["attributes"] = {**record["attributes"], "SentTimestamp": str(int(began * 1000)),
+                            "ApproximateReceiveCount": str(FRESH_COPY_AFTER_RECEIVES)}
+    # When it is delivered again and still finds the slots full
+    assert isinstance(worker.handle_record(record), Done)  # the copy replaces it
+    # Then the copy carries when the wait began, so it stays ahead of chains that waited less
+    (copy,) = sent
+    assert (copy.batch_id, copy.position) == (batch["id"], 0)
+    assert copy.waiting_since == pytest.approx(began, abs=1)

@@ -6,6 +6,7 @@ its moto server; nothing here needs to know whether it runs locally.
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import cache
 from typing import Any
@@ -43,14 +44,29 @@ def _secrets() -> SecretsProvider:
     return SecretsProvider(boto3_client=_client("secretsmanager"))
 
 
+_last_read: dict[str, str] = {}
+
+
 def secret_string(secret_id: str, max_age: int) -> str:
     """A Secrets Manager secret's current value, fetched at most once per `max_age` seconds
-    (Powertools Parameters caches it for the life of the execution environment)."""
-    value = _secrets().get(secret_id, max_age=max_age)
-    return value if isinstance(value, str) else bytes(value).decode("utf-8")
+    (Powertools Parameters caches it for the life of the execution environment).
+
+    A refresh that fails (a throttle, a blip) answers the last value read, if there is one: a
+    worker asks for the upstream credential after claiming a request, and failing then would
+    cost the request an attempt for nothing. A worker that never read it fails at cold start."""
+    try:
+        value = _secrets().get(secret_id, max_age=max_age)
+    except Exception:
+        if secret_id not in _last_read:
+            raise
+        logging.getLogger(__name__).warning("could not refresh secret %s; using the value last read", secret_id)
+        return _last_read[secret_id]
+    _last_read[secret_id] = value if isinstance(value, str) else bytes(value).decode("utf-8")
+    return _last_read[secret_id]
 
 
 def reset_clients() -> None:
     """Forget cached clients and cached secrets (tests that start a new moto mock)."""
     _secrets.cache_clear()
     _client.cache_clear()
+    _last_read.clear()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# Lambda's limit on a synchronous invocation's response payload.
-LAMBDA_RESPONSE_LIMIT = 6_291_456
+# Lambda's limit on a synchronous invocation's payload, its response's included.
+LAMBDA_PAYLOAD_LIMIT = 6_291_456
 # Room for the envelope around the lines: statusCode, headers, the page's other fields.
 ENVELOPE_BYTES = 4096
 

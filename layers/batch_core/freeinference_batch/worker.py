@@ -151,6 +151,14 @@ def _slots_as_read(message: RequestMessage, gates: Gates, verdict: Verdict) -> l
             (account_slots_key(message.account_id), gates.account_slots, verdict.owner.concurrency_limit)]
 
 
+def _waiting_since(message: RequestMessage, record: dict, now: float) -> float:
+    """When the message's chain began to wait: when it was sent, or when the message it is a
+    fresh copy of was (a copy must not lose its place in the queue of waiting batches)."""
+    if message.waiting_since is not None:
+        return message.waiting_since
+    return float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
+
+
 def _waiter_id(message: RequestMessage, meta: dict) -> str:
     return f"{message.batch_id}#{_chain(message, meta)}"
 
@@ -193,7 +201,9 @@ class Worker:
             if outcome.refresh and receives >= FRESH_COPY_AFTER_RECEIVES and outcome.seconds <= 900:
                 # Every park is a receive, and the dead-letter redrive counts receives (at most
                 # 1000): a message that waits long for slots is replaced by a fresh copy.
-                dispatch.send(self.settings, [message], delay_seconds=round(outcome.seconds))
+                since = _waiting_since(message, record, self.now())
+                dispatch.send(self.settings, [message.model_copy(update={"waiting_since": since})],
+                              delay_seconds=round(outcome.seconds))
                 return Done()
             dispatch.park(self.settings, message.model, record["receiptHandle"], outcome.seconds)
         return outcome
@@ -292,7 +302,7 @@ class Worker:
             if (live and record.get("receiptHandle")) or self.leases.reap(slots_key, now) >= capacity:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
-        sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
+        sent = _waiting_since(message, record, now)
         token = new_token(message.batch_id, _chain(message, meta), aged=fairness.waited_its_turn(now - sent))
         lease_until = now + self.settings.lease_seconds
         waiter_id = _waiter_id(message, meta)
@@ -361,7 +371,7 @@ class Worker:
                        slots_key: dict | None, item: dict | None, capacity: int) -> Parked:
         """No slot: register as a waiter on the full slots item (to be woken when one frees) and park."""
         _metric("RequestsParked")
-        sent = float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
+        sent = _waiting_since(message, record, now)
         if now - sent > self.settings.batch_dispatch_lease_seconds / 2:
             # Waiting long: tell the sweep this chain is alive, or it would send a duplicate.
             self._renew_dispatch_lease(message, meta, now + self.settings.batch_dispatch_lease_seconds)
@@ -465,7 +475,9 @@ class Worker:
             assert outcome.response is not None
             prompt, completion = upstream.usage_of(outcome.response["body"])
             cost = self.catalog.models[message.model].cost_nano(prompt, completion)
-            settle = {"status": "completed", "response": outcome.response, "cost_nano": cost}
+            # Stored once (compressed, or in S3), whether the hand-over or a plain settle writes it.
+            stored = self.table.response_attributes(message.batch_id, message.position, token, outcome.response)
+            settle = {"status": "completed", "stored": stored, "cost_nano": cost}
         else:
             _metric("RequestsFailed")
             settle = {"status": "failed", "error": outcome.error}
@@ -522,7 +534,7 @@ class Worker:
         index = message.index + width
         if index >= len(positions):
             return None
-        return message.model_copy(update={"index": index, "position": positions[index]})
+        return message.model_copy(update={"index": index, "position": positions[index], "waiting_since": None})
 
     def _hand_over(self, claimed: Claimed, following: RequestMessage, now: float,
                    settle: dict[str, Any]) -> Claimed | Done | Leave:
@@ -608,7 +620,7 @@ class Worker:
         return Done()
 
     def _settle_request_element(self, message: RequestMessage, token: str, now: float, *, status: str,
-                                error: dict | None = None, response: dict | None = None, cost_nano: int = 0,
+                                error: dict | None = None, stored: dict | None = None, cost_nano: int = 0,
                                 lease_until: float | None = None) -> dict:
         """The request's own update when a run settles, conditional on the run's claim."""
         names = {"#status": "status"}
@@ -618,9 +630,8 @@ class Worker:
             sets.append("#error = :error")
             names["#error"] = "error"
             named["error"] = error
-        if response is not None:
-            for attribute, value in self.table.response_attributes(message.batch_id, message.position, token,
-                                                                   response).items():
+        if stored is not None:  # the response's attributes (BatchTable.response_attributes)
+            for attribute, value in stored.items():
                 sets.append(f"{attribute} = :{attribute}")
                 named[attribute] = value
         if status == "queued":
@@ -639,11 +650,11 @@ class Worker:
             "#status = :running AND claim = :token", names=names, **named)
 
     def _transact_settle(self, message: RequestMessage, meta: dict, token: str, now: float, *, status: str,
-                         error: dict | None = None, response: dict | None = None, cost_nano: int = 0,
+                         error: dict | None = None, stored: dict | None = None, cost_nano: int = 0,
                          lease_until: float | None = None) -> bool:
         """Settle and release both slots (a final state also moves the lane's chain on)."""
         elements = [self._settle_request_element(message, token, now, status=status, error=error,
-                                                 response=response, cost_nano=cost_nano, lease_until=lease_until)]
+                                                 stored=stored, cost_nano=cost_nano, lease_until=lease_until)]
         counter = {"completed": "completed :one, ", "failed": "failed :one, "}.get(status, "")
         meta_update = f"ADD {counter}running :minus_one" + (", cost_nano :cost" if cost_nano else "")
         meta_values: dict[str, Any] = {"minus_one": -1}

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from freeinference_batch.local.template import function_properties
+from freeinference_batch.pages import LAMBDA_PAYLOAD_LIMIT
 
 REPO_ROOT_ENV = "FREEINFERENCE_REPO_ROOT"
 LOCAL_REGION = "us-east-1"
@@ -27,8 +28,9 @@ LOCAL_ACCOUNT_ID = "123456789012"
 LOCAL_STACK_NAME = "freeinference-batch-local"
 # Lambda's synchronous invocation payload, request and response alike (6 MB in the quotas page;
 # Lambda's own refusal says "Request must be smaller than 6291456 bytes"). API Gateway's events
-# and the SQS event source mapping's events are synchronous invocations.
-LAMBDA_INVOKE_PAYLOAD_BYTES = 6 * 1024 * 1024
+# and the SQS event source mapping's events are synchronous invocations. The service bounds its
+# answers by the same number (pages.py).
+LAMBDA_INVOKE_PAYLOAD_BYTES = LAMBDA_PAYLOAD_LIMIT
 
 _modules: dict[Path, ModuleType] = {}
 _modules_lock = threading.Lock()

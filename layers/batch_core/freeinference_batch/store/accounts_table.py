@@ -20,7 +20,6 @@ here drop straight into another module's TransactWriteItems.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -28,6 +27,7 @@ from botocore.exceptions import ClientError
 from freeinference_batch import aws
 from freeinference_batch.model_backoff import Backoff
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.dynamo import from_item as _from_item
 from freeinference_batch.store.dynamo import is_conditional_failure as _is_conditional_failure
 from freeinference_batch.store.dynamo import key as _key
@@ -40,7 +40,6 @@ BACKOFF_SK = "BACKOFF"
 # The daily usage item outlives its day by this much (DynamoDB TTL removes it afterwards).
 USAGE_TTL_SECONDS = 3 * 24 * 3600
 
-_BATCH_GET_TRIES = 8
 
 
 # -- keys and (de)serialization --
@@ -73,20 +72,10 @@ def _get(settings: Settings, key: dict[str, dict]) -> dict[str, Any] | None:
 
 
 def _batch_get(settings: Settings, keys: list[dict[str, dict]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """One BatchGetItem (more only if DynamoDB leaves keys unprocessed), items by (pk, sk)."""
+    """Strongly consistent reads of several items, by (pk, sk)."""
     table = settings.accounts_table_name
-    pending: dict[str, Any] = {table: {"Keys": keys, "ConsistentRead": True}}
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-    for attempt in range(_BATCH_GET_TRIES):
-        answer = aws.dynamodb().batch_get_item(RequestItems=pending)
-        for raw in answer.get("Responses", {}).get(table, []):
-            item = _from_item(raw) or {}
-            found[(item["pk"], item["sk"])] = item
-        pending = answer.get("UnprocessedKeys") or {}
-        if not pending:
-            return found
-        time.sleep(min(1.0, 0.02 * 2**attempt))
-    raise RuntimeError("DynamoDB left keys unprocessed after several tries")
+    found = batch_get({table: {"Keys": keys, "ConsistentRead": True}})
+    return {(item["pk"], item["sk"]): item for item in found[table]}
 
 
 def _pk_sk(key: dict[str, dict]) -> tuple[str, str]:

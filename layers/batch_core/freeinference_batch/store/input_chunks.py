@@ -40,11 +40,11 @@ class InputRun:
     custom_ids: list[str]
     models: list[str]
     ends: list[int]  # where each body ends in `bodies`
-    bodies: bytes
+    bodies: memoryview  # of the decompressed run: slicing it copies nothing
 
     def body(self, index: int) -> bytes:
         start = self.ends[index - 1] if index else 0
-        return self.bodies[start : self.ends[index]]
+        return bytes(self.bodies[start : self.ends[index]])
 
     @property
     def size(self) -> int:
@@ -91,7 +91,7 @@ def unpack(data: bytes) -> InputRun:
     for _, _, length in header:
         end += length
         ends.append(end)
-    return InputRun([h[0] for h in header], [h[1] for h in header], ends, raw[newline + 1 :])
+    return InputRun([h[0] for h in header], [h[1] for h in header], ends, memoryview(raw)[newline + 1 :])
 
 
 def unpack_custom_ids(data: bytes) -> list[str]:
