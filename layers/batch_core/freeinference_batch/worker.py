@@ -324,7 +324,7 @@ class Worker:
             transact(claim)
         except TransactionFailed as failure:
             if failure.failed(0):
-                return Done()  # a duplicate: the request already runs or has settled
+                return self._duplicate(message, now)
             if failure.failed(1):
                 return Parked(0)  # the batch changed (cancelled, expired...): look again
             # Someone took the slot since the read.
@@ -333,6 +333,20 @@ class Worker:
             return self._wait_for_slot(message, meta, record, now, slots_key, None, capacity)
         _metric("QueueWait", max(0.0, now - sent), "Seconds")
         return Claimed(message, meta, token, has_record=True, capacity=verdict.capacity, backoff=gates.backoff)
+
+    def _duplicate(self, message: RequestMessage, now: float) -> Done | Parked:
+        """The claim found the request not queued. If it has settled, this message is spent: drop
+        it. Otherwise this may be the very message that another delivery is running (or has just
+        put back for a retry), made visible again by a wake that used the receipt handle of an
+        earlier delivery: deleting it would lose the chain's token. Keep it: until the run's lease
+        ends if the request runs, or to look again at once if it is queued again; whichever
+        delivery of it then finds the request settled drops it."""
+        state = self.table.get_request(message.batch_id, message.position) or {"status": "queued"}
+        if state["status"] == "running":
+            return Parked(max(1.0, float(state.get("lease_until", now)) - now + random.uniform(1, 5)))
+        if state["status"] == "queued":
+            return Parked(0)
+        return Done()
 
     def _claim_request_element(self, message: RequestMessage, meta: dict, token: str, now: float) -> dict:
         return self.table.request_update_element(
@@ -388,7 +402,10 @@ class Worker:
             return Parked(random.uniform(*SLOT_WAIT_SECONDS))
         # A slot freed between our read and the registration was released by a worker that saw no
         # waiter to wake: look once more, or this chain would sleep its whole park with a slot free.
+        # Withdraw the registration first: a wake through this delivery's receipt handle, once the
+        # message is received again, would make it visible while that delivery runs it.
         if len(registered.get("leases", {})) < capacity:
+            self.leases.take_waiter(slots_key, waiter)
             return Parked(0)
         return Parked(seconds)
 
