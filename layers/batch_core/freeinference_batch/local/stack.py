@@ -229,6 +229,9 @@ class TemplateResources:
             if key == "Fn::Join":
                 delimiter, items = argument
                 return str(delimiter).join(_env_string(item) for item in self.resolve(items, used))
+            if key == "Fn::Split":
+                delimiter, source = argument
+                return str(self.resolve(source, used)).split(str(delimiter))
             if key == "Fn::Select":
                 index, items = argument
                 return self.resolve(items, used)[int(self.resolve(index, used))]
