@@ -152,6 +152,8 @@ def _sub_text(value: Any) -> str | None:
 
 def _nested_resources(application: str, child: dict[str, Any], given: dict[str, Any], child_dir: Path,
                       base_dir: Path) -> dict[str, Any]:
+    if child.get("Conditions"):
+        raise ValueError(f"{application}: conditions in a nested template are not expanded; keep it literal")
     parameters = child.get("Parameters") or {}
     unknown = set(given) - set(parameters)
     if unknown:
