@@ -31,7 +31,7 @@ build: $(SAM)
 
 lint: $(VENV)
 	.venv/bin/ruff check .
-	.venv/bin/cfn-lint template.yaml
+	.venv/bin/cfn-lint template.yaml model/template.yaml
 
 bench: $(VENV)
 	.venv/bin/python bench/create_and_read.py

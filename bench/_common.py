@@ -250,7 +250,7 @@ def write_catalog(directory: Path | str, concurrency: int, models: list[str] | N
     return path
 
 
-def template_poller_cap(function: str = "GlmFlashWorkerFunction") -> dict[str, Any]:
+def template_poller_cap(function: str = "GlmFlashModel/WorkerFunction") -> dict[str, Any]:
     """The worker's SQS event settings from template.yaml that bound how many requests run at once:
     BatchSize (records an invocation runs side by side), MaximumConcurrency, reserved concurrency."""
     from freeinference_batch.local.template import load_template

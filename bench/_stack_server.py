@@ -103,13 +103,14 @@ def model_slots(client: Any) -> dict[str, list[int]]:
     """Leases and waiters on each model's slots item: one GetItem per model per stats line
     (a few moto requests a second, against the hundred a busy run makes), on a client of its
     own so that the call counts leave these reads out."""
+    from freeinference_batch.catalog import load_catalog
     from freeinference_batch.settings import get_settings
     from freeinference_batch.store.dynamo import from_item
     from freeinference_batch.store.leases import model_slots_key
 
     settings = get_settings()
     out = {}
-    for model in settings.model_queue_urls:
+    for model in load_catalog(settings.model_catalog_path).models:
         try:
             answer = client.get_item(TableName=settings.accounts_table_name, Key=model_slots_key(model))
         except Exception:  # a sample lost is not worth failing the stack for

@@ -208,9 +208,9 @@ def main() -> None:
                   ("item", "WRU", "per success", "of which GSI", "old rule, per success")))
 
     # ---- the worker's invocations, as measured, stretched to the model latency
-    worker_gb = function_memory_gb("GlmFlashWorkerFunction")
+    worker_gb = function_memory_gb("GlmFlashModel/WorkerFunction")
     api_gb = function_memory_gb("ApiFunction")
-    cap = c.template_poller_cap("GlmFlashWorkerFunction")
+    cap = c.template_poller_cap("GlmFlashModel/WorkerFunction")
     overhead = timings.overhead_per_request
     ran = timings.requests_run
     invocation_count = len(timings.invocations)

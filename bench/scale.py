@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 from throughput import run_direct
 
-WORKER = "GlmFlashWorkerFunction"  # the poller (event source mapping) of c.MODEL's queue
+WORKER = "GlmFlashModel/WorkerFunction"  # the poller (event source mapping) of c.MODEL's queue
 
 
 def at(samples: list[dict[str, Any]], wall: float) -> dict[str, Any]:

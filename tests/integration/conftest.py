@@ -13,6 +13,7 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, clock
+from freeinference_batch.catalog import load_catalog
 from freeinference_batch.local import aws_limits, moto_transactions
 from freeinference_batch.local.apigw import build_event, invoke_integration, refuse_oversized_body
 from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
@@ -39,7 +40,9 @@ class Harness:
         self.clock_file = clock_file
         self.api_handler = load_handler("api")
         self.worker_handler = load_handler("worker")
-        self.queues = json.loads(settings_env["MODEL_QUEUE_URLS"])
+        # Model id -> its queue's URL, named as the template names it (<stack>-model-<suffix>).
+        self.queues = {model: self.settings.model_queue_url(model)
+                       for model in load_catalog(self.settings.model_catalog_path).models}
         self.key = accounts.create_key(self.settings, "acct-1", tier="internal", concurrency=16)
 
     @property

@@ -357,9 +357,16 @@ def test_preflight_counts_what_the_deployed_stack_holds_and_checks_the_secret(st
     # Given a deployed stack whose workers hold the template's reservations, leaving exactly 100,
     # and whose secret still holds CloudFormation's placeholder
     reserved = reserved_by_template()
+    # (a model's worker lives in the model's nested stack)
+    nested = "arn:aws:cloudformation:us-east-1:123456789012:stack/fib-GlmFlashModel-X/1"
+    stubbed["cloudformation"].add_response("list_stack_resources", {"StackResourceSummaries": [
+        {"LogicalResourceId": "GlmFlashModel", "PhysicalResourceId": nested,
+         "ResourceType": "AWS::CloudFormation::Stack",
+         "LastUpdatedTimestamp": "2026-12-01T00:00:00Z", "ResourceStatus": "CREATE_COMPLETE"}]})
     stubbed["cloudformation"].add_response("list_stack_resources", {"StackResourceSummaries": [
         {"LogicalResourceId": "W", "PhysicalResourceId": "fib-W", "ResourceType": "AWS::Lambda::Function",
-         "LastUpdatedTimestamp": "2026-12-01T00:00:00Z", "ResourceStatus": "CREATE_COMPLETE"}]})
+         "LastUpdatedTimestamp": "2026-12-01T00:00:00Z", "ResourceStatus": "CREATE_COMPLETE"}]},
+        {"StackName": nested})
     stubbed["lambda"].add_response("get_account_settings", account_settings(100 + reserved, 100))
     stubbed["lambda"].add_response("get_function_concurrency", {"ReservedConcurrentExecutions": reserved},
                                    {"FunctionName": "fib-W"})

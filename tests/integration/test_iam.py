@@ -25,6 +25,7 @@ import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, upstream
 from freeinference_batch.local.handlers import LOCAL_STACK_NAME, LambdaContext, load_handler
+from freeinference_batch.local.stack import TemplateResources
 from freeinference_batch.local.template import function_properties, load_template, resources_of_type
 from freeinference_batch.store import batch_table
 
@@ -85,9 +86,8 @@ class Recorder:
 
     def __init__(self, template: dict[str, Any]) -> None:
         self.logical_ids = list(template["Resources"])
-        # Queues the template names itself (`QueueName: !Sub "${AWS::StackName}-..."`), as the local stack does.
-        self.named = {_template_name(r).replace("${AWS::StackName}", LOCAL_STACK_NAME): i
-                      for i, r in template["Resources"].items() if _template_name(r)}
+        # Queues the template names itself (`QueueName: !Sub "${StackName}-..."`), as the local stack does.
+        self.named = {name: i for i, name in queue_names(template).items()}
         self.function: str | None = None
         self.calls: set[tuple[str, str, str]] = set()
         self.operations: set[tuple[str, str]] = set()
@@ -142,10 +142,12 @@ class Recorder:
 # ---------------------------------------------------------------- what the template grants
 
 
-def _template_name(resource: dict[str, Any]) -> str:
-    """The `${AWS::StackName}-...` name a template gives a queue itself, or ""."""
-    name = (resource.get("Properties") or {}).get("QueueName")
-    return name["Fn::Sub"] if isinstance(name, dict) and isinstance(name.get("Fn::Sub"), str) else ""
+def queue_names(template: dict[str, Any]) -> dict[str, str]:
+    """Queue logical id -> the name the template gives it, as the local stack resolves it
+    (`${AWS::StackName}` is the local stack's name; models' queues are in nested stacks)."""
+    resolver = TemplateResources(template, clients={})
+    return {i: resolver.resolve(r["Properties"]["QueueName"]) for i, r in template["Resources"].items()
+            if r.get("Type") == "AWS::SQS::Queue" and "QueueName" in (r.get("Properties") or {})}
 
 
 _QUEUE_ARN = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:"
@@ -165,11 +167,11 @@ def _resources(value: Any, template: dict[str, Any]) -> list[str]:
         if text.startswith(_QUEUE_ARN):
             pattern = text.removeprefix(_QUEUE_ARN)
             assert pattern.startswith("${AWS::StackName}-"), f"a queue pattern must stay in the stack's names: {text}"
-            matched = [i for i, r in template["Resources"].items()
-                       if _template_name(r) and fnmatch.fnmatchcase(_template_name(r), pattern)]
+            pattern = pattern.replace("${AWS::StackName}", LOCAL_STACK_NAME)
+            matched = [i for i, name in queue_names(template).items() if fnmatch.fnmatchcase(name, pattern)]
             assert matched, f"{text} matches no queue of the template"
             return matched
-        match = re.fullmatch(r"\$\{(\w+)\.Arn\}(/.*)?", text)
+        match = re.fullmatch(r"\$\{([\w/]+)\.Arn\}(/.*)?", text)
         assert match, f"cannot read resource {value!r}"
         return [match.group(1) + (match.group(2) or "")]
     raise AssertionError(f"a resource must name a template resource, not {value!r}")

@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from freeinference_batch.catalog import Catalog
+from freeinference_batch.local.stack import TemplateResources
 from freeinference_batch.local.template import function_properties, load_template, resources_of_type
 from freeinference_batch.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
+MODEL_TEMPLATE = REPO / "model" / "template.yaml"  # one nested application of it per model
 EVENTS = REPO / "events"
 SAM = REPO / ".tools" / "sam" / "bin" / "sam"
 # Same as the Makefile's: lets the pyenv shim resolve python3.13, which `sam build` needs.
@@ -120,13 +123,82 @@ def test_loader_expands_short_form_tags(tmp_path: Path) -> None:
     assert props["F"] == {"Fn::Select": [0, {"Fn::GetAZs": ""}]}
 
 
+def test_loader_expands_a_local_nested_application(tmp_path: Path) -> None:
+    # Given a parent passing a literal, a Ref and a GetAtt to a child that uses them every way
+    (tmp_path / "child").mkdir()
+    (tmp_path / "child" / "t.yaml").write_text(
+        "Parameters:\n  Name: {Type: String}\n  Arn: {Type: String}\n  Kept: {Type: String, Default: d}\n"
+        "  Stack: {Type: String}\n"
+        "Resources:\n"
+        "  Q:\n    Type: AWS::SQS::Queue\n    Properties:\n"
+        "      QueueName: !Sub '${Stack}-${Name}-${Kept}'\n"
+        "      Other: !Sub ['${Q.Arn}/${X}', {X: !Ref Arn}]\n"
+        "      Policy: !Sub '${Arn}/*'\n"
+        "  F:\n    Type: AWS::Serverless::Function\n    DependsOn: Q\n    Properties:\n"
+        "      CodeUri: ../code/\n      Queue: !GetAtt Q.Arn\n      Plain: !Sub 'no ${!variables}'\n"
+    )
+    (tmp_path / "t.yaml").write_text(
+        "Resources:\n  B:\n    Type: AWS::S3::Bucket\n"
+        "  App:\n    Type: AWS::Serverless::Application\n    Properties:\n      Location: child/t.yaml\n"
+        "      Parameters: {Name: n, Arn: !GetAtt B.Arn, Stack: !Ref AWS::StackName}\n"
+    )
+    # When the parent is loaded
+    resources = load_template(tmp_path / "t.yaml")["Resources"]
+    # Then the child's resources are the parent's, under App/, in the parent's terms
+    assert set(resources) == {"B", "App", "App/Q", "App/F"}
+    queue = resources["App/Q"]["Properties"]
+    assert queue["QueueName"] == {"Fn::Sub": "${AWS::StackName}-n-d"}
+    assert queue["Other"] == {"Fn::Sub": ["${App/Q.Arn}/${X}", {"X": {"Fn::GetAtt": ["B", "Arn"]}}]}
+    assert queue["Policy"] == {"Fn::Sub": "${B.Arn}/*"}
+    function = resources["App/F"]
+    assert function["DependsOn"] == "App/Q"
+    assert function["Properties"]["CodeUri"] == "code/"
+    assert function["Properties"]["Queue"] == {"Fn::GetAtt": ["App/Q", "Arn"]}
+    assert function["Properties"]["Plain"] == {"Fn::Sub": "no ${!variables}"}
+    # And without `nested`, the block alone
+    assert set(load_template(tmp_path / "t.yaml", nested=False)["Resources"]) == {"B", "App"}
+
+
+def test_a_nested_template_may_not_use_its_own_stack_name(tmp_path: Path) -> None:
+    # On AWS a nested stack's AWS::StackName is its own (<parent>-<Block>-<random>), not the
+    # parent's: queue names built on it would miss the <stack>-model-* pattern.
+    (tmp_path / "child.yaml").write_text(
+        "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n    Properties:\n"
+        "      QueueName: !Sub '${AWS::StackName}-model-x'\n")
+    (tmp_path / "t.yaml").write_text(
+        "Resources:\n  App:\n    Type: AWS::Serverless::Application\n    Properties:\n"
+        "      Location: child.yaml\n")
+    with pytest.raises(ValueError, match="AWS::StackName"):
+        load_template(tmp_path / "t.yaml")
+
+
 def test_function_properties_apply_globals_as_sam_does(functions: dict[str, dict[str, Any]]) -> None:
-    worker = functions["GlmFlashWorkerFunction"]
-    assert worker["Runtime"] == "python3.13"  # from Globals
-    assert worker["Timeout"] == 900  # the function's own value wins
+    api = functions["ApiFunction"]
+    assert api["Runtime"] == "python3.13"  # from Globals
+    assert api["Timeout"] == 29  # the function's own value wins
+    variables = api["Environment"]["Variables"]
+    assert variables["BATCH_TABLE_NAME"] == {"Ref": "BatchTable"}  # maps merge, keeping the global keys
+    # A nested stack's function gets its own template's Globals, never the parent's.
+    worker = functions["GlmFlashModel/WorkerFunction"]
+    assert worker["Timeout"] == 900 and worker["Runtime"] == "python3.13"  # model/template.yaml's own
+
+
+def test_nested_applications_expand_into_the_parents_terms(template: dict[str, Any]) -> None:
+    # Given the model block glm-5.3-flash, expanded
+    worker = template["Resources"]["GlmFlashModel/WorkerFunction"]["Properties"]
     variables = worker["Environment"]["Variables"]
-    assert variables["WORKER_MODEL"] == "glm-5.3-flash"  # maps merge...
-    assert variables["BATCH_TABLE_NAME"] == {"Ref": "BatchTable"}  # ...keeping the global keys
+    # Then the child's parameters read as the values the block passes, in the parent's terms...
+    assert variables["WORKER_MODEL"] == "glm-5.3-flash"
+    assert variables["BATCH_TABLE_NAME"] == {"Ref": "BatchTable"}
+    assert worker["Layers"] == [{"Ref": "BatchCoreLayer"}]
+    assert worker["ReservedConcurrentExecutions"] == 8
+    # ...its own resources are named under the block, and its paths are the parent's
+    assert worker["Events"]["Requests"]["Properties"]["Queue"] == {"Fn::GetAtt": ["GlmFlashModel/Queue", "Arn"]}
+    assert worker["CodeUri"] == "functions/worker/"
+    assert template["Resources"]["GlmFlashModel/WorkerFunctionErrorsAlarm"]["Properties"]["AlarmDescription"] == (
+        "The glm-5.3-flash worker failed (README runbook: Function errors).")
+    # And the block itself is still there, unexpanded
+    assert template["Resources"]["GlmFlashModel"]["Type"] == "AWS::Serverless::Application"
 
 
 # ---------------------------------------------------------------- lint and build
@@ -135,7 +207,8 @@ def test_function_properties_apply_globals_as_sam_does(functions: dict[str, dict
 def test_cfn_lint_reports_nothing() -> None:
     cfn_lint = shutil.which("cfn-lint", path=str(Path(sys.executable).parent)) or shutil.which("cfn-lint")
     assert cfn_lint, "cfn-lint is not installed (it is in the dev extras: make install)"
-    result = subprocess.run([cfn_lint, "--", str(TEMPLATE)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([cfn_lint, "--", str(TEMPLATE), str(MODEL_TEMPLATE)], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
@@ -189,6 +262,7 @@ def test_no_fn_foreach() -> None:
     # The local stack and moto read the template as written; Fn::ForEach needs the
     # AWS::LanguageExtensions transform, which neither expands.
     assert "ForEach" not in TEMPLATE.read_text()
+    assert "ForEach" not in MODEL_TEMPLATE.read_text()
 
 
 def test_every_function_has_a_sample_event(functions: dict[str, dict[str, Any]]) -> None:
@@ -297,20 +371,61 @@ def test_sqs_mappings_respect_concurrency_and_visibility(
 def test_each_model_has_its_own_queue_and_worker(
     template: dict[str, Any], functions: dict[str, dict[str, Any]]
 ) -> None:
-    catalog = json.loads(resources.files("freeinference_batch").joinpath("models.json").read_text())
-    queue_urls = template["Globals"]["Function"]["Environment"]["Variables"]["MODEL_QUEUE_URLS"]["Fn::Sub"]
-    # `Ref` of a queue is its URL, so the Sub's placeholders are queue logical ids.
-    model_queue = {model: ref.strip("${}") for model, ref in json.loads(queue_urls).items()}
-    assert set(model_queue) == set(catalog["models"])
-
+    catalog = Catalog.model_validate_json(resources.files("freeinference_batch").joinpath("models.json").read_text())
+    names = TemplateResources(template, clients={})  # resolves names only: creates nothing
+    prefix = names.resolve(template["Globals"]["Function"]["Environment"]["Variables"]["MODEL_QUEUE_URL_PREFIX"])
+    settings = Settings(MODEL_QUEUE_URL_PREFIX=prefix)  # type: ignore[call-arg]
     worker_queue = {}
     for properties in functions.values():
         for event in _events_of_type(properties, "SQS"):
             model = properties["Environment"]["Variables"]["WORKER_MODEL"]
-            worker_queue[model] = _getatt_resource(event["Queue"])
+            assert model not in worker_queue, f"two workers for {model}"
+            queue = template["Resources"][_getatt_resource(event["Queue"])]
+            worker_queue[model] = names.resolve(queue["Properties"]["QueueName"])
             # The static cap must leave room for the model's full batch concurrency.
-            assert properties["ReservedConcurrentExecutions"] >= catalog["models"][model]["batch_concurrency"]
-    assert worker_queue == model_queue
+            assert properties["ReservedConcurrentExecutions"] >= catalog.models[model].batch_concurrency
+    assert set(worker_queue) == set(catalog.models)
+    # The code finds each model's queue by name: the URL it derives is the queue's URL.
+    for model, queue_name in worker_queue.items():
+        assert settings.model_queue_url(model).rsplit("/", 1)[1] == queue_name, model
+
+
+def test_every_model_block_passes_the_same_shared_resources() -> None:
+    # One block per model: its ModelId and WorkerConcurrency, then the same shared values.
+    root = load_template(TEMPLATE, nested=False)
+    child = load_template(MODEL_TEMPLATE, nested=False)
+    blocks = {i: r["Properties"] for i, r in resources_of_type(root, "AWS::Serverless::Application").items()}
+    assert blocks, "no model blocks"
+    shared = []
+    for logical_id, properties in blocks.items():
+        assert properties["Location"] == "model/template.yaml", logical_id
+        assert set(properties["Parameters"]) == set(child["Parameters"]), logical_id
+        shared.append({k: v for k, v in properties["Parameters"].items() if k not in ("ModelId", "WorkerConcurrency")})
+    assert all(values == shared[0] for values in shared)
+    assert shared[0]["StackName"] == {"Ref": "AWS::StackName"}
+
+
+def test_a_worker_has_the_environment_every_function_has(
+    template: dict[str, Any], functions: dict[str, dict[str, Any]]
+) -> None:
+    # A nested stack has its own Globals: model/template.yaml repeats the root's environment,
+    # and must keep repeating it as it is (plus what only a worker has).
+    global_env = template["Globals"]["Function"]["Environment"]["Variables"]
+    for logical_id, properties in functions.items():
+        if _events_of_type(properties, "SQS"):
+            own = properties["Environment"]["Variables"]
+            assert {k: v for k, v in own.items() if k not in ("WORKER_MODEL", "UPSTREAM_API_KEY_SECRET")} == global_env
+            assert own["UPSTREAM_API_KEY_SECRET"] == {"Ref": "UpstreamApiKeySecret"}, logical_id
+            for key in ("Runtime", "Architectures", "MemorySize", "Tracing", "Layers"):
+                assert properties[key] == template["Globals"]["Function"][key], (logical_id, key)
+
+
+def test_queue_names_fit_sqs_for_the_documented_stack_name_length(template: dict[str, Any]) -> None:
+    # README: the stack name is at most 55 characters; SQS names are at most 80.
+    names = TemplateResources(template, clients={})
+    for logical_id, queue in resources_of_type(template, "AWS::SQS::Queue").items():
+        name = names.resolve(queue["Properties"]["QueueName"])
+        assert len(name.replace(names.stack_name, "s" * 55)) <= 80, (logical_id, name)
 
 
 def test_global_environment_names_are_settings(template: dict[str, Any]) -> None:

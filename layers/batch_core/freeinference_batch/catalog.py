@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import lru_cache
 from importlib import resources
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 # Prices are per million tokens; cost is kept in integer nano-USD (1e-9 USD) so sums are exact.
 # (Micro-USD would round a 16-token prompt at $0.10/M, 1.6 micro-USD, to a whole number.)
@@ -44,6 +45,20 @@ class Catalog(BaseModel):
     batch_tiers: list[str] = ["internal"]
     models: dict[str, ModelInfo]
 
+    @field_validator("models")
+    @classmethod
+    def _queue_names(cls, models: dict[str, ModelInfo]) -> dict[str, ModelInfo]:
+        suffixes: dict[str, str] = {}
+        for model in models:
+            if not re.fullmatch(MODEL_ID_PATTERN, model):
+                raise ValueError(
+                    f"model id {model!r}: only letters, digits, '.', '-' and '_' (its queues are named after it)"
+                )
+            other = suffixes.setdefault(queue_suffix(model), model)
+            if other != model:
+                raise ValueError(f"models {other!r} and {model!r} would share the queue {queue_suffix(model)!r}")
+        return models
+
     def model_for_tier(self, model: str, tier: str) -> ModelInfo | None:
         """The model if it exists and `tier` may use it; None otherwise (callers report both as
         'not found', so a key cannot probe for models it may not use)."""
@@ -54,6 +69,16 @@ class Catalog(BaseModel):
 
     def tier_may_batch(self, tier: str) -> bool:
         return tier in self.batch_tiers
+
+
+# Model ids the queues can be named after: SQS names allow letters, digits, "-" and "_" only.
+MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+def queue_suffix(model: str) -> str:
+    """The end of `model`'s queue names (<stack>-model-<suffix>, <stack>-dlq-<suffix>): the id
+    with every "." made "-", as model/template.yaml does with !Join/!Split."""
+    return model.replace(".", "-")
 
 
 def is_auto_model(model: str) -> bool:

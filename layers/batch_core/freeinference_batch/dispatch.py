@@ -21,9 +21,9 @@ from freeinference_batch.settings import Settings
 def send(settings: Settings, messages: list[RequestMessage], delay_seconds: int = 0) -> None:
     by_queue: dict[str, list[RequestMessage]] = defaultdict(list)
     for message in messages:
-        by_queue[settings.model_queue_urls[message.model]].append(message)
+        by_queue[settings.model_queue_url(message.model)].append(message)
         if settings.batch_fault_duplicate_rate and random.random() < settings.batch_fault_duplicate_rate:
-            by_queue[settings.model_queue_urls[message.model]].append(message)  # chaos: at-least-once
+            by_queue[settings.model_queue_url(message.model)].append(message)  # chaos: at-least-once
     for queue_url, queued in by_queue.items():
         for start in range(0, len(queued), 10):
             entries = [
@@ -44,7 +44,7 @@ def send(settings: Settings, messages: list[RequestMessage], delay_seconds: int 
 def park(settings: Settings, model: str, receipt_handle: str, seconds: float) -> None:
     """Hide a received message for `seconds` (SQS caps one visibility change at 12 hours)."""
     aws.sqs().change_message_visibility(
-        QueueUrl=settings.model_queue_urls[model],
+        QueueUrl=settings.model_queue_url(model),
         ReceiptHandle=receipt_handle,
         VisibilityTimeout=max(0, min(round(seconds), 12 * 3600 - 1)),
     )

@@ -6,12 +6,13 @@ logic can be tested with any values without touching `os.environ`.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from freeinference_batch.catalog import queue_suffix
 
 
 class Settings(BaseSettings):
@@ -64,8 +65,9 @@ class Settings(BaseSettings):
     batch_table_name: str = Field("freeinference-batch", alias="BATCH_TABLE_NAME")
     accounts_table_name: str = Field("freeinference-accounts", alias="ACCOUNTS_TABLE_NAME")
     payload_bucket_name: str = Field("freeinference-batch-payloads", alias="PAYLOAD_BUCKET_NAME")
-    # JSON object: model id -> SQS queue URL.
-    model_queue_urls: dict[str, str] = Field(default_factory=dict, alias="MODEL_QUEUE_URLS")
+    # A model's queue URL is this + the model id with "." made "-" (`catalog.queue_suffix`): the
+    # template names every model's queue <stack>-model-<suffix>, so no per-model list is kept.
+    model_queue_url_prefix: str = Field("", alias="MODEL_QUEUE_URL_PREFIX")
     # Optional path to a JSON model catalog replacing the packaged one.
     model_catalog_path: str = Field("", alias="MODEL_CATALOG_PATH")
     # Optional file holding a clock offset in seconds (local stack and tests only).
@@ -91,12 +93,11 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("model_queue_urls", mode="before")
-    @classmethod
-    def _parse_queue_urls(cls, value: object) -> object:
-        if isinstance(value, str):
-            return json.loads(value) if value.strip() else {}
-        return value
+    def model_queue_url(self, model: str) -> str:
+        """The URL of `model`'s work queue."""
+        if not self.model_queue_url_prefix:
+            raise RuntimeError("MODEL_QUEUE_URL_PREFIX is not set: no model queue can be named")
+        return self.model_queue_url_prefix + queue_suffix(model)
 
     @property
     def lease_seconds(self) -> float:

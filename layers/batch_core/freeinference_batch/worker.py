@@ -455,7 +455,7 @@ class Worker:
 
     def _make_visible(self, waiter: Waiter) -> None:
         try:
-            aws.sqs().change_message_visibility(QueueUrl=self.settings.model_queue_urls[waiter.model],
+            aws.sqs().change_message_visibility(QueueUrl=self.settings.model_queue_url(waiter.model),
                                                 ReceiptHandle=waiter.handle, VisibilityTimeout=0)
             _metric("WaitersWoken")
         except (ClientError, KeyError):

@@ -74,15 +74,20 @@ def template_reserved_concurrency(template: dict[str, Any]) -> dict[str, int]:
 
 
 def stack_functions(cloudformation: Any, stack_name: str) -> list[str] | None:
-    """Physical names of the deployed stack's functions, or None if there is no such stack."""
+    """Physical names of the deployed stack's functions, those of its nested stacks (the models'
+    workers) included, or None if there is no such stack."""
     try:
         pages = cloudformation.get_paginator("list_stack_resources").paginate(StackName=stack_name)
-        return [r["PhysicalResourceId"] for page in pages for r in page["StackResourceSummaries"]
-                if r["ResourceType"] == "AWS::Lambda::Function"]
+        resources = [r for page in pages for r in page["StackResourceSummaries"]]
     except ClientError as error:
         if "does not exist" in str(error):
             return None
         raise
+    names = [r["PhysicalResourceId"] for r in resources if r["ResourceType"] == "AWS::Lambda::Function"]
+    for nested in (r for r in resources if r["ResourceType"] == "AWS::CloudFormation::Stack"):
+        if nested.get("PhysicalResourceId"):  # a nested stack's id is its ARN
+            names += stack_functions(cloudformation, nested["PhysicalResourceId"]) or []
+    return names
 
 
 def concurrency(lambda_client: Any, template: dict[str, Any], functions: list[str] | None) -> Concurrency:

@@ -172,7 +172,8 @@ def functions_from_template(template: dict[str, Any], root: Path | None = None) 
             raise ValueError(f"{logical_id}: the local stack needs a local CodeUri path, got {code_uri!r}")
         specs[logical_id] = FunctionSpec(
             logical_id=logical_id,
-            name=properties.get("FunctionName") or f"{LOCAL_STACK_NAME}-{logical_id}",
+            # A nested stack's function (`Block/Function`): "/" is not allowed in a function's name.
+            name=properties.get("FunctionName") or f"{LOCAL_STACK_NAME}-{logical_id.replace('/', '-')}",
             code_dir=root / code_uri,
             handler_name=properties["Handler"],
             timeout=float(properties.get("Timeout", 3)),

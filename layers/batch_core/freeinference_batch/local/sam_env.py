@@ -48,6 +48,9 @@ def sam_env_vars(template: dict[str, Any], resources: Any, stack_env: dict[str, 
         if resource.get("Type") != "AWS::Serverless::Function":
             continue
         own = ((resource.get("Properties") or {}).get("Environment") or {}).get("Variables") or {}
+        # A nested stack's function (`Block/Function`, keyed by that full path, which SAM matches)
+        # repeats the global variables in its own environment: those take the global value.
+        own = {name: value for name, value in own.items() if name not in declared or value != declared[name]}
         if own:
             document[logical_id] = {
                 name: container_url(_env_string(resources.resolve(value)), host) for name, value in own.items()

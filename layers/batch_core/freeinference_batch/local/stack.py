@@ -5,7 +5,9 @@ in-process. Everything comes from `template.yaml`: the tables, queues and bucket
 a moto server from their `Properties`; the functions' environment is the template's
 `Globals.Function.Environment.Variables` with every `Ref`/`Fn::GetAtt`/`Fn::Sub` resolved as
 CloudFormation would; the API routes, SQS event mappings and schedules are the functions'
-`Events`. So a change to the template is a change to the local stack, with no second copy.
+`Events`. So a change to the template is a change to the local stack, with no second copy. A
+nested application of a local template (one per model, `model/template.yaml`) is expanded into
+the parent first (`local/template.py`): its resources are `Block/Resource`.
 
 Environment precedence: values that name a created resource (table names, queue URLs) always
 come from the stack; any other template variable already set in the environment (BATCH_*,
@@ -229,6 +231,9 @@ class TemplateResources:
             if key == "Fn::Join":
                 delimiter, items = argument
                 return str(delimiter).join(_env_string(item) for item in self.resolve(items, used))
+            if key == "Fn::Split":
+                delimiter, source = argument
+                return str(self.resolve(source, used)).split(str(delimiter))
             if key == "Fn::Select":
                 index, items = argument
                 return self.resolve(items, used)[int(self.resolve(index, used))]

@@ -9,6 +9,8 @@ read the template through this module; it runs only outside Lambda (PyYAML is a 
 from __future__ import annotations
 
 import copy
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +83,158 @@ for _name in _FN_TAGS:
 _CfnLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 
 
-def load_template(path: str | Path) -> dict[str, Any]:
-    """The template at `path` as plain data, short-form tags expanded to their long form."""
+def load_template(path: str | Path, *, nested: bool = True) -> dict[str, Any]:
+    """The template at `path` as plain data, short-form tags expanded to their long form; with
+    `nested`, every nested application whose Location is a local file is expanded in place
+    (`expand_applications`), so callers see one namespace of resources as the deployed whole."""
     with open(path, encoding="utf-8") as handle:
         template = yaml.load(handle, Loader=_CfnLoader)  # a SafeLoader subclass: no arbitrary objects
     if not isinstance(template, dict):
         raise ValueError(f"{path}: not a CloudFormation template (top level is not a mapping)")
-    return template
+    return expand_applications(template, Path(path).parent) if nested else template
+
+
+# ---------------------------------------------------------------- nested applications
+#
+# `AWS::Serverless::Application` with a local `Location` is a nested stack of another template
+# file, its Parameters given by the parent. Expanded here, each resource `R` of the child becomes
+# `<Application>/R` of the parent (the "full path" `sam local` and `sam build` use), with every
+# reference to a child parameter replaced by the parent's value for it (an expression in the
+# parent's terms), references to child resources renamed, local paths (CodeUri, ContentUri)
+# made relative to the parent's folder, and the child's Globals applied to its functions (a
+# nested stack has its own Globals; the parent's do not reach it). The Application resource
+# itself stays, marking the block; `NESTED_KEY` on each expanded resource names its application.
+
+NESTED_KEY = "NestedIn"
+_LOCAL_PATHS = ("CodeUri", "ContentUri")
+_SUB_NAME = re.compile(r"\$\{([^}!][^}]*)\}")
+# What a child template's AWS::StackName / AWS::StackId mean on AWS is the nested stack's own
+# name, not the parent's: pass the parent's as a parameter instead.
+_NESTED_ONLY_PSEUDO = ("AWS::StackName", "AWS::StackId")
+
+
+def expand_applications(template: dict[str, Any], base_dir: str | Path) -> dict[str, Any]:
+    """`template` with its local nested applications expanded (see above); a copy."""
+    out = copy.deepcopy(template)
+    resources: dict[str, Any] = {}
+    for logical_id, resource in (template.get("Resources") or {}).items():
+        resources[logical_id] = copy.deepcopy(resource)
+        if resource.get("Type") != "AWS::Serverless::Application":
+            continue
+        location = (resource.get("Properties") or {}).get("Location")
+        if not isinstance(location, str) or "://" in location:
+            continue  # a SAR application or a template in S3: nothing local to expand
+        child_path = Path(base_dir) / location
+        child = load_template(child_path, nested=True)
+        given = (resource.get("Properties") or {}).get("Parameters") or {}
+        for name, resolved in _nested_resources(logical_id, child, given, child_path.parent, Path(base_dir)).items():
+            if name in resources or name in template.get("Resources", {}):
+                raise ValueError(f"{name} is defined twice")
+            resources[name] = resolved
+    out["Resources"] = resources
+    return out
+
+
+def _sub_text(value: Any) -> str | None:
+    """How a parameter's value reads inside an Fn::Sub string of the parent, or None if it has
+    to stay a variable: a literal as itself, a Ref as ${X}, a GetAtt as ${R.A}."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str | int | float):
+        return str(value)
+    if isinstance(value, dict) and set(value) == {"Ref"} and isinstance(value["Ref"], str):
+        return "${" + value["Ref"] + "}"
+    if isinstance(value, dict) and set(value) == {"Fn::GetAtt"}:
+        argument = value["Fn::GetAtt"]
+        return "${" + (argument if isinstance(argument, str) else ".".join(argument)) + "}"
+    return None
+
+
+def _nested_resources(application: str, child: dict[str, Any], given: dict[str, Any], child_dir: Path,
+                      base_dir: Path) -> dict[str, Any]:
+    if child.get("Conditions"):
+        raise ValueError(f"{application}: conditions in a nested template are not expanded; keep it literal")
+    parameters = child.get("Parameters") or {}
+    unknown = set(given) - set(parameters)
+    if unknown:
+        raise ValueError(f"{application} passes parameters its template does not declare: {sorted(unknown)}")
+    values = {}
+    for name, declaration in parameters.items():
+        if name in given:
+            values[name] = given[name]
+        elif "Default" in declaration:
+            values[name] = declaration["Default"]
+        else:
+            raise ValueError(f"{application} gives no value for {name}, which has no Default")
+    child_resources = set(child.get("Resources") or {})
+
+    def rename(name: str) -> str:
+        return f"{application}/{name}"
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, list):
+            return [rewrite(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            ((key, argument),) = value.items()
+            if key == "Ref" and isinstance(argument, str):
+                if argument in values:
+                    return copy.deepcopy(values[argument])
+                if argument in _NESTED_ONLY_PSEUDO:
+                    raise ValueError(f"{application}: the nested template uses {argument}; pass the parent's instead")
+                return {"Ref": rename(argument)} if argument in child_resources else value
+            if key == "Fn::GetAtt":
+                resource, attribute = argument.split(".", 1) if isinstance(argument, str) else argument
+                return {"Fn::GetAtt": [rename(resource) if resource in child_resources else resource, attribute]}
+            if key == "Fn::Sub":
+                return _rewrite_sub(argument)
+        return {key: rewrite(item) for key, item in value.items()}
+
+    def _rewrite_sub(argument: Any) -> Any:
+        text, variables = (argument, {}) if isinstance(argument, str) else argument
+        variables = {name: rewrite(item) for name, item in variables.items()}
+        passed: dict[str, Any] = {}
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in variables:
+                return match.group(0)
+            if name in _NESTED_ONLY_PSEUDO:
+                raise ValueError(f"{application}: the nested template uses ${{{name}}}; pass the parent's instead")
+            if name in values:
+                inline = _sub_text(values[name])
+                if inline is not None:
+                    return inline
+                passed[name] = copy.deepcopy(values[name])
+                return match.group(0)
+            resource = name.split(".", 1)[0]
+            return "${" + rename(name) + "}" if resource in child_resources else match.group(0)
+
+        text = _SUB_NAME.sub(replace, text)
+        variables = {**variables, **passed}
+        if variables:
+            return {"Fn::Sub": [text, variables]}
+        return {"Fn::Sub": text} if "${" in text else text  # nothing left to substitute: plain text
+
+    function_globals = rewrite(((child.get("Globals") or {}).get("Function")) or {})
+    out = {}
+    for name, resource in (child.get("Resources") or {}).items():
+        resolved = rewrite(resource)
+        if "DependsOn" in resolved:
+            depends = resolved["DependsOn"]
+            resolved["DependsOn"] = [rename(d) for d in depends] if isinstance(depends, list) else rename(depends)
+        properties = resolved.get("Properties") or {}
+        if resolved.get("Type") == "AWS::Serverless::Function":
+            properties = _merge_globals(function_globals, properties)
+        for key in _LOCAL_PATHS:
+            if isinstance(properties.get(key), str) and "://" not in properties[key]:
+                properties[key] = os.path.relpath(child_dir / properties[key], base_dir) + "/"
+        if properties:
+            resolved["Properties"] = properties
+        resolved[NESTED_KEY] = application
+        out[rename(name)] = resolved
+    return out
 
 
 def resources_of_type(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
@@ -117,5 +264,7 @@ def function_properties(template: dict[str, Any], logical_id: str) -> dict[str, 
     resource = template["Resources"][logical_id]
     if resource.get("Type") != "AWS::Serverless::Function":
         raise ValueError(f"{logical_id} is a {resource.get('Type')}, not an AWS::Serverless::Function")
+    if NESTED_KEY in resource:  # its own template's Globals are applied already; the parent's do not reach it
+        return copy.deepcopy(resource.get("Properties") or {})
     global_properties = template.get("Globals", {}).get("Function", {})
     return _merge_globals(global_properties, resource.get("Properties", {}))
