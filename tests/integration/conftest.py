@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import boto3
@@ -159,6 +160,55 @@ def _route(method: str, path: str) -> tuple[str, dict[str, str] | None]:
         else:
             return key, params or None
     return "$default", None
+
+
+def capture_answers(harness: Harness) -> list[dict]:
+    """The api handler's raw answers from now on (status, headers, body), which `call` does not return."""
+    answers: list[dict] = []
+    original = harness.api_handler
+
+    def handler(event, context):
+        answers.append(original(event, context))
+        return answers[-1]
+
+    harness.api_handler = handler
+    return answers
+
+
+class StubUpstream:
+    """An OpenAI-compatible upstream on loopback that answers every call with `answer` (raw
+    bytes) and records each call's body size and Authorization header. It reads a body in small
+    pieces and keeps none of it, so a test can measure the worker's memory beside it."""
+
+    def __init__(self, answer: bytes = b"{}") -> None:
+        self.answer = answer
+        self.received: list[int] = []
+        self.authorizations: list[str | None] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                remaining = int(self.headers.get("Content-Length") or 0)
+                stub.received.append(remaining)
+                stub.authorizations.append(self.headers.get("Authorization"))
+                while remaining > 0:
+                    remaining -= len(self.rfile.read(min(remaining, 64 * 1024)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(stub.answer)))
+                self.end_headers()
+                self.wfile.write(stub.answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def sample_request(custom_id: str, content: str = "Say hello.", model: str = "glm-5.3-flash", **body: Any) -> dict:

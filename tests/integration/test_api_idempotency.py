@@ -8,7 +8,7 @@ import json
 from freeinference_batch import accounts, aws, idempotency
 from freeinference_batch.store import accounts_table
 
-from tests.integration.conftest import sample_request
+from tests.integration.conftest import capture_answers, sample_request
 
 BODY = {"requests": [sample_request("q-0"), sample_request("q-1")], "metadata": {"job": "j-1"}}
 
@@ -16,14 +16,8 @@ BODY = {"requests": [sample_request("q-0"), sample_request("q-1")], "metadata": 
 def create(harness, key_header: str | None, body: dict = BODY, *, api_key: str | None = None,
            gzipped: bool = False) -> tuple[int, dict, dict]:
     """(status, body, headers) of a create with that Idempotency-Key."""
-    answers: list[dict] = []
     original = harness.api_handler
-
-    def capture(event, context):
-        answers.append(original(event, context))
-        return answers[-1]
-
-    harness.api_handler = capture
+    answers = capture_answers(harness)
     try:
         headers = {} if key_header is None else {"Idempotency-Key": key_header}
         raw = json.dumps(body).encode()

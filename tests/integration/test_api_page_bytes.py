@@ -9,22 +9,10 @@ import requests
 from freeinference_batch.pages import LAMBDA_PAYLOAD_LIMIT
 from freeinference_batch.store.batch_table import BatchTable
 
-from tests.integration.conftest import sample_request
+from tests.integration.conftest import capture_answers, sample_request
 
 # Non-ASCII text, inside and outside the BMP: 6 and 12 bytes a character once JSON-escaped.
 TEXT = "Ünïcödé «quoted» \"text\" \\ 😀 "
-
-
-def capture_answers(harness) -> list[dict]:
-    answers: list[dict] = []
-    original = harness.api_handler
-
-    def handler(event, context):
-        answers.append(original(event, context))
-        return answers[-1]
-
-    harness.api_handler = handler
-    return answers
 
 
 def payload_bytes(answer: dict) -> int:

@@ -11,7 +11,7 @@ from freeinference_batch.local.handlers import load_module, repo_root
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed
 
-from tests.integration.conftest import sample_request
+from tests.integration.conftest import capture_answers, sample_request
 
 
 @pytest.fixture(autouse=True)
@@ -19,20 +19,6 @@ def _one_worker_thread(monkeypatch):
     # moto in-process is not thread-safe: the worker runs its records one at a time here.
     module = load_module(repo_root() / "functions" / "worker" / "app.py")
     monkeypatch.setattr(module, "RECORD_THREADS", 1)
-
-
-def capture_answers(harness) -> list[dict]:
-    """The handler's raw answers (status, headers, body), which harness.call does not return."""
-    answers: list[dict] = []
-    original = harness.api_handler
-
-    def handler(event, context):
-        answer = original(event, context)
-        answers.append(answer)
-        return answer
-
-    harness.api_handler = handler
-    return answers
 
 
 def queued_messages(harness) -> int:

@@ -7,11 +7,9 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -23,43 +21,16 @@ from freeinference_batch.settings import Settings
 from moto import mock_aws
 from pydantic import ValidationError
 
+from tests.integration.conftest import StubUpstream
+
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
 COMPLETION = b'{"id": "c", "object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 1}}'
 
 
-class RecordingUpstream:
-    """An upstream that answers every completion and remembers the Authorization headers it got."""
-
-    def __init__(self) -> None:
-        self.authorizations: list[str | None] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.authorizations.append(self.headers.get("Authorization"))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(COMPLETION)))
-                self.end_headers()
-                self.wfile.write(COMPLETION)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.base_url = f"http://127.0.0.1:{self.server.server_port}/v1"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def recording_upstream() -> Iterator[RecordingUpstream]:
-    server = RecordingUpstream()
+def recording_upstream() -> Iterator[StubUpstream]:
+    server = StubUpstream(COMPLETION)
     yield server
     server.stop()
 

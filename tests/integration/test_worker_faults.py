@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 import tracemalloc
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from freeinference_batch import accounts, schedules
@@ -18,7 +16,7 @@ from freeinference_batch.catalog import load_catalog
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker
 
-from tests.integration.conftest import sample_request
+from tests.integration.conftest import StubUpstream, sample_request
 from tests.integration.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
 
 
@@ -33,39 +31,6 @@ def expire_leases(harness) -> None:
 
 def results_by_id(harness, batch_id: str) -> dict[str, dict]:
     return {line["custom_id"]: line for line in harness.results(batch_id)}
-
-
-class StubUpstream:
-    """An OpenAI-compatible upstream that answers every call with `answer` (raw bytes), reading
-    and dropping the request body in small pieces, so it holds no copy of what it is sent."""
-
-    def __init__(self) -> None:
-        self.answer = b"{}"
-        self.received: list[int] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                remaining = int(self.headers.get("Content-Length") or 0)
-                stub.received.append(remaining)
-                while remaining > 0:
-                    remaining -= len(self.rfile.read(min(remaining, 64 * 1024)))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(stub.answer)))
-                self.end_headers()
-                self.wfile.write(stub.answer)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.base_url = f"http://127.0.0.1:{self.server.server_port}/v1"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
