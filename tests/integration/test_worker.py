@@ -379,6 +379,44 @@ def test_a_chain_runs_on_in_one_invocation_and_each_request_counts_once(harness,
     assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == sum(map(one_cost, contents))
 
 
+def test_a_chain_keeps_its_slots_across_hand_overs_and_renews_them_only_when_they_run_low(
+        harness, upstream, worker, monkeypatch):
+    # Given a 16-request batch: chain 0 runs requests 0, 4, 8 and 12
+    batch = harness.create([sample_request(f"q-{n}", f"Held {n}") for n in range(16)])
+    lease = harness.settings.lease_seconds
+    real_call = upstream_client.call
+    seen: list[tuple[dict, dict, str]] = []
+
+    def call_and_look(*args, **kwargs):
+        request = int(kwargs["request_ref"].rsplit(":", 1)[1])
+        seen.append((Leases(harness.settings).holders(model_slots_key(MODEL)),
+                     Leases(harness.settings).holders(account_slots_key(ACCOUNT)),
+                     state_of(harness, batch["id"], request)["claim"]))
+        if len(seen) == 2:  # the chain runs on for longer than a request's lease
+            harness.advance_clock(1.1 * lease)
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", call_and_look)
+    # When chain 0 runs on in one invocation
+    assert isinstance(worker.process(message_for(harness, batch["id"], 0), NO_RECORD,
+                                     deadline=time.monotonic() + TIME_LEFT), Done)
+    # Then each request had a claim of its own, but the chain held the same one slot of the model
+    # and of the account throughout
+    assert len(seen) == 4 and len({claim for _, _, claim in seen}) == 4
+    for model_slots, account_slots, _ in seen:
+        assert len(model_slots) == len(account_slots) == 1 and model_slots.keys() == account_slots.keys()
+        assert model_slots.keys() == seen[0][0].keys()
+    expiries = [model_slots[next(iter(model_slots))] for model_slots, _, _ in seen]
+    # and its hand-overs wrote the slots only once less than a request's lease of them was left
+    assert expiries[1] == expiries[0]
+    assert expiries[2] > expiries[1] + lease
+    assert expiries[3] == expiries[2]
+    # And at the chain's end both slots are free, every request counted once
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+    assert meta_of(harness, batch["id"])["completed"] == 4
+
+
 def test_a_chain_without_time_for_another_request_sends_its_next_message(harness, upstream, worker):
     sim, _ = upstream
     batch = harness.create([sample_request(f"q-{n}", f"Short of time {n}") for n in range(8)])

@@ -101,14 +101,15 @@ def _take_back(settings: Settings, table: BatchTable, meta: dict, position: int,
     running count down. Conditional on the dead run's claim, so a late settle cannot also count."""
     leases = Leases(settings)
     claim = state.get("claim", "")
+    holder = state.get("slot_holder", claim)
     elements = [
         table.request_update_element(
-            meta["id"], position, "SET #status = :queued, lease_until = :zero REMOVE claim",
+            meta["id"], position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
             "#status = :running AND claim = :claim", names={"#status": "status"},
             queued="queued", running="running", claim=claim, zero=0),
         table.meta_update_element(meta["id"], "ADD running :minus_one", minus_one=-1),
-        leases.release_element(model_slots_key(state.get("model", "")), claim),
-        leases.release_element(account_slots_key(meta["account_id"]), claim),
+        leases.release_element(model_slots_key(state.get("model", "")), holder),
+        leases.release_element(account_slots_key(meta["account_id"]), holder),
     ]
     try:
         transact(elements)
@@ -124,6 +125,7 @@ def _fail_interrupted(settings: Settings, table: BatchTable, meta: dict, lane: d
     released and its chain moves on. Conditional on the dead run's claim, like a take-back."""
     leases = Leases(settings)
     claim = state.get("claim", "")
+    holder = state.get("slot_holder", claim)
     attempts = int(state.get("attempts", 0))
     error = {"code": "run_interrupted",
              "message": f"Each of the request's {attempts} runs stopped before it finished "
@@ -131,12 +133,12 @@ def _fail_interrupted(settings: Settings, table: BatchTable, meta: dict, lane: d
     elements = [
         table.request_update_element(
             meta["id"], position, "SET #status = :failed, #error = :error, finished_at = :now "
-            "REMOVE claim, lease_until", "#status = :running AND claim = :claim",
+            "REMOVE claim, slot_holder, lease_until", "#status = :running AND claim = :claim",
             names={"#status": "status", "#error": "error"}, failed="failed", error=error, now=int(now),
             running="running", claim=claim),
         table.meta_update_element(meta["id"], "ADD running :minus_one, failed :one", minus_one=-1, one=1),
-        leases.release_element(model_slots_key(lane["model"]), claim),
-        leases.release_element(account_slots_key(meta["account_id"]), claim),
+        leases.release_element(model_slots_key(lane["model"]), holder),
+        leases.release_element(account_slots_key(meta["account_id"]), holder),
         table.lane_update_element(meta["id"], lane["model"], head % lane["width"], head + lane["width"], now),
     ]
     try:

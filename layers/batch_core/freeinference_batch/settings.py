@@ -104,6 +104,14 @@ class Settings(BaseSettings):
         """A running request's lease: long enough for the slowest upstream call plus bookkeeping."""
         return self.batch_lease_seconds or self.batch_upstream_timeout_seconds + 60
 
+    @property
+    def slot_lease_seconds(self) -> float:
+        """A chain's hold on its two slots. A hand-over renews it only once less than a request's
+        lease of it is left (so it never runs out mid-run), which is once per `lease_seconds` of
+        the chain's running instead of once per request. A dead chain's slots free themselves
+        after at most this long, or sooner when the sweep takes its request back."""
+        return 2 * self.lease_seconds
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

@@ -6,11 +6,12 @@ calls, a request's life is:
 1. one BatchGetItem reads the batch, the owner's key, account and day's usage, the model's
    interactive load and both slot items (the gates, cheapest first);
 2. one transaction claims it: request queued→running (attempts+1), the batch's running count,
-   a model slot and an account slot (slots are leases, see store/leases.py);
+   a model slot and an account slot (slots are leases held by the chain, see store/leases.py);
 3. the upstream call;
 4. one transaction hands over: this request's final state, the batch's counters and cost, the
-   day's usage, the lane's chain moved on, and the chain's next request claimed with the same
-   two slots, after step 1's gates for it. The next request then runs in the same invocation.
+   day's usage, the lane's chain moved on, and the chain's next request claimed, after step 1's
+   gates for it. The chain keeps its two slots without writing them (it renews its hold once
+   per `lease_seconds`). The next request then runs in the same invocation.
 
 A chain leaves the invocation (a plain settle that releases the slots, and a message for its
 next request) when a gate says no, the invocation is near its timeout, the request is to be
@@ -28,6 +29,7 @@ import bisect
 import random
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +49,6 @@ from freeinference_batch.store.leases import (
     Leases,
     Waiter,
     account_slots_key,
-    is_aged,
     model_slots_key,
     new_token,
 )
@@ -90,7 +91,10 @@ class Claimed:
 
     message: RequestMessage
     meta: dict
+    # The request's claim (every write of its run is conditional on it) and the chain's hold on
+    # its two slots, which outlives the claim: a hand-over passes the slots on without writing them.
     token: str
+    holder: str
     # False for a request claimed by a hand-over: the SQS record in hand belongs to an earlier one.
     has_record: bool
     # The model's batch capacity and backoff as the claim's gates read them (model_backoff.py).
@@ -303,11 +307,12 @@ class Worker:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
         sent = _waiting_since(message, record, now)
-        token = new_token(message.batch_id, _chain(message, meta), aged=fairness.waited_its_turn(now - sent))
-        lease_until = now + self.settings.lease_seconds
+        holder = new_token(message.batch_id, _chain(message, meta), aged=fairness.waited_its_turn(now - sent))
+        token = uuid.uuid4().hex
+        slots_until = now + self.settings.slot_lease_seconds
         waiter_id = _waiter_id(message, meta)
         claim = [
-            self._claim_request_element(message, meta, token, now),
+            self._claim_request_element(message, meta, token, holder, now),
             self.table.meta_update_element(
                 message.batch_id,
                 "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
@@ -315,7 +320,7 @@ class Worker:
                 names={"#status": "status"}, in_progress="in_progress", validating="validating",
                 now=int(now), one=1,
             ),
-            *(self.leases.acquire_element(slots_key, token, capacity, lease_until,
+            *(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
                                           stop_waiting=waiter_id if waiter_id in (item or {}).get("waiters", {})
                                           else None)
               for slots_key, item, capacity in slots),
@@ -332,7 +337,8 @@ class Worker:
             slots_key, _, capacity = slots[full - 2]
             return self._wait_for_slot(message, meta, record, now, slots_key, None, capacity)
         _metric("QueueWait", max(0.0, now - sent), "Seconds")
-        return Claimed(message, meta, token, has_record=True, capacity=verdict.capacity, backoff=gates.backoff)
+        return Claimed(message, meta, token, holder, has_record=True, capacity=verdict.capacity,
+                       backoff=gates.backoff)
 
     def _duplicate(self, message: RequestMessage, now: float) -> Done | Parked:
         """The claim found the request not queued. If it has settled, this message is spent: drop
@@ -348,15 +354,17 @@ class Worker:
             return Parked(0)
         return Done()
 
-    def _claim_request_element(self, message: RequestMessage, meta: dict, token: str, now: float) -> dict:
+    def _claim_request_element(self, message: RequestMessage, meta: dict, token: str, holder: str,
+                               now: float) -> dict:
+        """The request's claim; it names the slots' holder, which the sweep releases should the run die."""
         return self.table.request_update_element(
             message.batch_id, message.position,
             "SET #status = :running, attempts = if_not_exists(attempts, :zero) + :one, claim = :token, "
-            "lease_until = :lease, started_at = if_not_exists(started_at, :now), #ttl = :ttl, "
-            "model = :model, lane_index = :index",
+            "slot_holder = :holder, lease_until = :lease, started_at = if_not_exists(started_at, :now), "
+            "#ttl = :ttl, model = :model, lane_index = :index",
             "attribute_not_exists(pk) OR #status = :queued",
             names={"#status": "status", "#ttl": "ttl"},
-            running="running", queued="queued", zero=0, one=1, token=token,
+            running="running", queued="queued", zero=0, one=1, token=token, holder=holder,
             lease=now + self.settings.lease_seconds, now=int(now), ttl=meta["ttl"], model=message.model,
             index=message.index,
         )
@@ -473,7 +481,8 @@ class Worker:
         attempts = int(state.get("attempts", 1)) if state else 1
         if outcome.kind == "retry" and attempts < self.settings.batch_max_attempts:
             delay = self._backoff(attempts, outcome.retry_after)
-            requeued = self._transact_settle(message, meta, token, now, status="queued", error=outcome.error,
+            requeued = self._transact_settle(message, meta, token, claimed.holder, now, status="queued",
+                                             error=outcome.error,
                                              lease_until=now + delay + self.settings.batch_dispatch_lease_seconds)
             if not requeued:
                 return Done()
@@ -509,7 +518,7 @@ class Worker:
             if not isinstance(handed, Leave):
                 return handed
             leave = handed
-        if not self._transact_settle(message, meta, token, now, **settle):
+        if not self._transact_settle(message, meta, token, claimed.holder, now, **settle):
             return Done()
         self._maybe_crash("after settle")
         # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
@@ -558,7 +567,7 @@ class Worker:
         """Settle this request and claim the chain's next one with the same slots, in one
         transaction. Answers the next claim, Done if this run lost its claim, or Leave when the
         chain must leave the invocation (and settle plainly)."""
-        message, meta, token = claimed.message, claimed.meta, claimed.token
+        message, meta, token, holder = claimed.message, claimed.meta, claimed.token, claimed.holder
         cost = int(settle.get("cost_nano", 0))
         gates = self._read_gates(following, now)
         verdict = self._judge(following, gates, now, pending_cost=cost)
@@ -566,16 +575,23 @@ class Worker:
             return Leave()  # the next request's own message will meet the gate and act on it
         fresh_meta = gates.meta
         slots = _slots_as_read(message, gates, verdict)
-        for _, item, capacity in slots:
+        # The slots are not written here: the chain keeps its hold, checked against this read (a
+        # capacity that shrank since is seen at the next hand-over), and renewed only once less than
+        # a run's lease of it is left. So a chain writes its slots items about once per
+        # `lease_seconds`, not once per request: they are the hottest items of the table.
+        renewals = []
+        for slots_key, item, capacity in slots:
             leases = (item or {}).get("leases", {})
-            if token not in leases or len(leases) > capacity:
+            if holder not in leases or len(leases) > capacity:
                 return Leave()  # the capacity shrank (or our lease was reaped): release and queue up again
-        if self._should_yield(message.batch_id, token, _remaining(fresh_meta) - 1, slots, now):
+            if float(leases[holder]) - now < self.settings.lease_seconds:
+                renewals.append(self.leases.renew_element(slots_key, holder, capacity,
+                                                          now + self.settings.slot_lease_seconds))
+        if self._should_yield(message.batch_id, holder, _remaining(fresh_meta) - 1, slots, now):
             _metric("SlotsYielded")
             return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
 
-        next_token = new_token(message.batch_id, _chain(following, meta), aged=is_aged(token))
-        lease_until = now + self.settings.lease_seconds
+        next_token = uuid.uuid4().hex
         counter = "completed" if settle["status"] == "completed" else "failed"
         elements = [
             self._settle_request_element(message, token, now, **settle),
@@ -584,10 +600,9 @@ class Worker:
                 f"{lifecycle.STARTS_REQUESTS} AND expires_at > :now", names={"#status": "status"},
                 one=1, validating="validating", in_progress="in_progress", now=int(now),
                 **({"cost": cost} if cost else {})),
-            *(self.leases.transfer_element(slots_key, token, next_token, capacity, lease_until)
-              for slots_key, _, capacity in slots),
             self._lane_advance(message, meta, now),
-            self._claim_request_element(following, fresh_meta, next_token, now),
+            self._claim_request_element(following, fresh_meta, next_token, holder, now),
+            *renewals,
         ]
         if cost:
             elements.append(accounts_table.add_usage_element(self.settings, meta["account_id"], cost,
@@ -601,10 +616,10 @@ class Worker:
                 return Done()
             return Leave()  # the batch stopped, a slot changed or the next request was claimed: settle plainly
         _metric("RequestsHandedOver")
-        return Claimed(following, fresh_meta, next_token, has_record=False, capacity=verdict.capacity,
+        return Claimed(following, fresh_meta, next_token, holder, has_record=False, capacity=verdict.capacity,
                        backoff=gates.backoff)
 
-    def _should_yield(self, batch_id: str, token: str, remaining: int,
+    def _should_yield(self, batch_id: str, holder: str, remaining: int,
                       slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
         """Batches take turns: give this slot up when another batch waits for it and this batch
         holds more than its fair share (see fairness.py `fair_shares`)."""
@@ -612,7 +627,7 @@ class Worker:
             if not any(w.batch_id != batch_id for w in live_waiters(item, now)):
                 continue
             share = fair_shares(item, capacity, batch_id, remaining, now).get(batch_id, 0)
-            if not keeps_slot(item, token, share):
+            if not keeps_slot(item, holder, share):
                 return True
         return False
 
@@ -654,11 +669,11 @@ class Worker:
         if status == "queued":
             sets.append("lease_until = :lease")
             named["lease"] = lease_until
-            removes = "claim"
+            removes = "claim, slot_holder"
         else:
             sets.append("finished_at = :now")
             named["now"] = int(now)
-            removes = "claim, lease_until"
+            removes = "claim, slot_holder, lease_until"
         if cost_nano:
             sets.append("cost_nano = :cost")
             named["cost"] = cost_nano
@@ -666,8 +681,8 @@ class Worker:
             message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}",
             "#status = :running AND claim = :token", names=names, **named)
 
-    def _transact_settle(self, message: RequestMessage, meta: dict, token: str, now: float, *, status: str,
-                         error: dict | None = None, stored: dict | None = None, cost_nano: int = 0,
+    def _transact_settle(self, message: RequestMessage, meta: dict, token: str, holder: str, now: float, *,
+                         status: str, error: dict | None = None, stored: dict | None = None, cost_nano: int = 0,
                          lease_until: float | None = None) -> bool:
         """Settle and release both slots (a final state also moves the lane's chain on)."""
         elements = [self._settle_request_element(message, token, now, status=status, error=error,
@@ -683,8 +698,8 @@ class Worker:
         if cost_nano:
             elements.append(accounts_table.add_usage_element(self.settings, meta["account_id"], cost_nano,
                                                              clock.utc_day(now), int(now)))
-        elements.append(self.leases.release_element(model_slots_key(message.model), token))
-        elements.append(self.leases.release_element(account_slots_key(meta["account_id"]), token))
+        elements.append(self.leases.release_element(model_slots_key(message.model), holder))
+        elements.append(self.leases.release_element(account_slots_key(meta["account_id"]), holder))
         if status != "queued":
             elements.append(self._lane_advance(message, meta, now))
         try:

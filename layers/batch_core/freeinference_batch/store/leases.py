@@ -4,9 +4,10 @@ concurrent-request slots, shared with its interactive traffic).
 
 A slot is an entry `holder -> expiry` in the item's `leases` map; taking one is a conditional
 write on the map's size, so it can sit inside the claim transaction. A worker that dies leaves
-an entry that simply expires: whoever next finds the slots full reaps expired entries. A batch
-request's holder is its claim token, `<batch id>.<lane>.<random>`, so the map also tells how
-many slots each batch holds, and which of its lanes hold them.
+an entry that simply expires: whoever next finds the slots full reaps expired entries. A holder
+is a batch's chain, `<batch id>.<lane>.<random>`, for as long as it runs on in one invocation
+(its requests' claims come and go under it: see `Settings.slot_lease_seconds`), so the map also
+tells how many slots each batch holds, and which of its lanes hold them.
 
 Beside the leases, the item keeps `waiters`: chains that found the slots full, each with the
 receipt handle of its parked message. Whoever frees a slot without taking it again makes the
@@ -48,8 +49,8 @@ AGED_MARK = ".aged"
 
 
 def new_token(batch_id: str, lane: int, aged: bool = False) -> str:
-    """A claim token, which is also the holder of the claim's slots: `<batch id>.<lane>.<random>`,
-    marked `.aged` for a chain that waited its turn (see fairness.py)."""
+    """A chain's hold on its slots: `<batch id>.<lane>.<random>`, marked `.aged` for a chain that
+    waited its turn (see fairness.py)."""
     return f"{batch_id}.{lane}.{uuid.uuid4().hex}{AGED_MARK if aged else ''}"
 
 
@@ -110,13 +111,13 @@ class Leases:
             "ExpressionAttributeValues": values(until=until, capacity=capacity),
         }}
 
-    def transfer_element(self, slots_key: dict, old: str, new: str, capacity: int, until: float) -> dict:
-        """Pass a held slot from one claim to the next, unless the capacity has shrunk below it."""
+    def renew_element(self, slots_key: dict, holder: str, capacity: int, until: float) -> dict:
+        """Extend a held slot, unless it was reaped or the capacity has shrunk below the holders."""
         return {"Update": {
             "TableName": self.table, "Key": slots_key,
-            "UpdateExpression": "REMOVE leases.#old SET leases.#new = :until",
-            "ConditionExpression": "attribute_exists(leases.#old) AND size(leases) <= :capacity",
-            "ExpressionAttributeNames": {"#old": old, "#new": new},
+            "UpdateExpression": "SET leases.#holder = :until",
+            "ConditionExpression": "attribute_exists(leases.#holder) AND size(leases) <= :capacity",
+            "ExpressionAttributeNames": {"#holder": holder},
             "ExpressionAttributeValues": values(until=until, capacity=capacity),
         }}
 
