@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from freeinference_batch.fairness import AGING_SECONDS, fair_shares, keeps_slot, live_waiters, waited_its_turn
-from freeinference_batch.store.leases import new_token
+from freeinference_batch.store.leases import new_holder
 
 NOW = 1_000.0
 
@@ -33,7 +33,7 @@ def test_a_small_batch_waiting_takes_every_slot_it_can_use_from_a_big_one():
 def test_a_big_batch_that_waited_its_turn_keeps_it_while_small_batches_stream_in():
     # Three small batches holding a slot each and waiting for more; the big one holds one through
     # a chain that had waited its turn (its token is marked aged)
-    big = new_token("big", 2, aged=waited_its_turn(AGING_SECONDS))
+    big = new_holder("big", 2, aged=waited_its_turn(AGING_SECONDS))
     item = slots_item([big, *tokens("s1", range(1)), *tokens("s2", range(1)), *tokens("s3", range(1))],
                       [("s1", 90), ("s2", 80), ("s3", 100), ("s3", 100)])
     assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 1  # a quarter of the model
@@ -43,14 +43,14 @@ def test_a_big_batch_that_waited_its_turn_keeps_it_while_small_batches_stream_in
         shares = fair_shares(item, 4, batch, left, NOW)
         assert "big" not in shares and sum(shares.values()) == 3
     # Had it not waited, it would give its slot to the small batches, as above
-    fresh = new_token("big", 2)
+    fresh = new_holder("big", 2)
     item["leases"][fresh] = item["leases"].pop(big)
     assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 0
     assert not waited_its_turn(AGING_SECONDS - 1)
 
 
 def test_an_aged_chain_keeps_its_batchs_slot_before_lower_lanes():
-    aged = new_token("big", 3, aged=True)
+    aged = new_holder("big", 3, aged=True)
     item = slots_item([*tokens("big", range(3)), aged], [("bigger", 5000)])
     assert [keeps_slot(item, token, 1) for token in [*tokens("big", range(3)), aged]] == [False, False, False, True]
 

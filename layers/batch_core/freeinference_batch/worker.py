@@ -50,7 +50,7 @@ from freeinference_batch.store.leases import (
     Waiter,
     account_slots_key,
     model_slots_key,
-    new_token,
+    new_holder,
 )
 
 # A slot wait re-checks after a short, jittered pause; a registered waiter is woken when a slot
@@ -307,7 +307,7 @@ class Worker:
                 return self._wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
         sent = _waiting_since(message, record, now)
-        holder = new_token(message.batch_id, _chain(message, meta), aged=fairness.waited_its_turn(now - sent))
+        holder = new_holder(message.batch_id, _chain(message, meta), aged=fairness.waited_its_turn(now - sent))
         token = uuid.uuid4().hex
         slots_until = now + self.settings.slot_lease_seconds
         waiter_id = _waiter_id(message, meta)

@@ -48,7 +48,7 @@ MAX_WAITERS = 32
 AGED_MARK = ".aged"
 
 
-def new_token(batch_id: str, lane: int, aged: bool = False) -> str:
+def new_holder(batch_id: str, lane: int, aged: bool = False) -> str:
     """A chain's hold on its slots: `<batch id>.<lane>.<random>`, marked `.aged` for a chain that
     waited its turn (see fairness.py)."""
     return f"{batch_id}.{lane}.{uuid.uuid4().hex}{AGED_MARK if aged else ''}"
