@@ -257,7 +257,7 @@ def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstre
     # (their requests finished, or the item was being created by another worker)
     holders = hold_all_model_slots(harness, "finishing")
     batch = harness.create([sample_request("q-0", "A slot just freed")])
-    read_gates = worker._read_gates
+    read_gates = worker.gates.read
 
     def read_then_release(*args, **kwargs):
         gates = read_gates(*args, **kwargs)
@@ -265,7 +265,7 @@ def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstre
             Leases(harness.settings).release(model_slots_key(MODEL), holder)
         return gates
 
-    monkeypatch.setattr(worker, "_read_gates", read_then_release)
+    monkeypatch.setattr(worker.gates, "read", read_then_release)
     if delivered == "directly":
         # Then the worker sees the freed slots on its second look and runs the request, not waits
         assert isinstance(worker.process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
@@ -274,7 +274,7 @@ def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstre
         outcome = worker.handle_record(received_record(harness, batch["id"], 0))
         assert isinstance(outcome, Parked) and outcome.seconds == 0
         assert received_record_now(harness, batch["id"], 0)
-        monkeypatch.setattr(worker, "_read_gates", read_gates)
+        monkeypatch.setattr(worker.gates, "read", read_gates)
         assert harness.run_to_final(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     assert attempts(sim, batch["id"], 0) == 1
 
@@ -442,15 +442,15 @@ def test_a_failed_wake_does_not_stop_the_chain(harness, upstream, worker, monkey
     def throttled(*args, **kwargs):
         raise RuntimeError("DynamoDB throttled the read")
 
-    read_slots = worker._read_slots
-    monkeypatch.setattr(worker, "_read_slots", throttled)
+    read_slots = worker.waiting.read_slots
+    monkeypatch.setattr(worker.waiting, "read_slots", throttled)
     # When waking waiters fails after a request settled
     outcome = worker.process(message_for(harness, batch["id"], 0), NO_RECORD)
     # Then the request still counts once and the chain's next message is still sent
     assert isinstance(outcome, Done)
     assert queued_messages(harness) == queued + 1
     assert meta_of(harness, batch["id"])["completed"] == 1
-    monkeypatch.setattr(worker, "_read_slots", read_slots)
+    monkeypatch.setattr(worker.waiting, "read_slots", read_slots)
     final = harness.run_to_final(batch["id"])
     assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
     assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
@@ -547,7 +547,7 @@ def register_waiter(harness, slots_key: dict, record: dict, remaining: int = 1) 
 
 
 def slots_item(harness, slots_key: dict) -> dict | None:
-    return Worker(harness.settings)._read_slots([slots_key])[0]
+    return Worker(harness.settings).waiting.read_slots([slots_key])[0]
 
 
 def test_a_yielding_chain_wakes_from_what_it_read_and_looks_again_where_that_is_stale(harness, upstream, worker):
@@ -565,7 +565,7 @@ def test_a_yielding_chain_wakes_from_what_it_read_and_looks_again_where_that_is_
     register_waiter(harness, model_slots_key(MODEL), second)
     register_waiter(harness, account_slots_key(ACCOUNT), third)
     # When the chain, having released its slots, wakes waiters from what it read
-    worker._wake_waiters(message_for(harness, batches[0]["id"], 0), ACCOUNT, now(harness), known=read)
+    worker.waiting.wake_waiters(message_for(harness, batches[0]["id"], 0), ACCOUNT, now(harness), known=read)
     # Then the waiters it could not know of are woken from a fresh read, and none is left listed
     assert received_record_now(harness, batches[1]["id"], 0)
     assert received_record_now(harness, batches[2]["id"], 0)

@@ -15,8 +15,6 @@ from freeinference_batch.store.batch_table import PURGE_SHARD, BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 
 RUNNABLE = ("validating", "in_progress")
-# The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
-STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
 
 
 def _ts(now: float) -> int:

@@ -167,5 +167,5 @@ class RequestMessage(BaseModel):
     position: int = Field(ge=0, description="position within the batch")
     account_id: str = ""
     key_hash: str = ""
-    # Set on a fresh copy of a message that waited long (see worker.py): when the wait began.
+    # Set on a fresh copy of a message that waited long (see worker/runner.py): when the wait began.
     waiting_since: float | None = None

@@ -1,0 +1,70 @@
+"""A lane's chains (see dispatch.py): which chain a request belongs to, the chain's next
+request, and moving the chain on when a request settles."""
+
+from __future__ import annotations
+
+from freeinference_batch import dispatch, lifecycle
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_table import BatchTable
+
+
+def chain_of(message: RequestMessage, meta: dict) -> int:
+    """Which of its lane's chains the message's request belongs to."""
+    return message.index % meta["lane_widths"][message.model]
+
+
+def waiter_id(message: RequestMessage, meta: dict) -> str:
+    """The chain's entry among a slots item's waiters: one per waiting chain."""
+    return f"{message.batch_id}#{chain_of(message, meta)}"
+
+
+def waiting_since(message: RequestMessage, record: dict, now: float) -> float:
+    """When the message's chain began to wait: when it was sent, or when the message it is a
+    fresh copy of was (a copy must not lose its place in the queue of waiting batches)."""
+    if message.waiting_since is not None:
+        return message.waiting_since
+    return float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
+
+
+def remaining(meta: dict) -> int:
+    """The batch's requests not yet settled."""
+    return int(meta["total"]) - int(meta.get("completed", 0)) - int(meta.get("failed", 0))
+
+
+class Chains:
+    def __init__(self, settings: Settings, table: BatchTable) -> None:
+        self.settings = settings
+        self.table = table
+
+    def following(self, message: RequestMessage, meta: dict) -> RequestMessage | None:
+        """The chain's next request, or None at the chain's end."""
+        width = meta["lane_widths"][message.model]
+        positions = self.table.get_lane_positions(message.batch_id, message.model)
+        index = message.index + width
+        if index >= len(positions):
+            return None
+        return message.model_copy(update={"index": index, "position": positions[index], "waiting_since": None})
+
+    def advance_element(self, message: RequestMessage, meta: dict, now: float) -> dict:
+        """The chain moves on past the message's request (written with the request's final state),
+        with a fresh dispatch lease for the next."""
+        return self.table.lane_update_element(message.batch_id, message.model, chain_of(message, meta),
+                                              message.index + meta["lane_widths"][message.model],
+                                              now + self.settings.batch_dispatch_lease_seconds)
+
+    def renew_dispatch_lease(self, message: RequestMessage, meta: dict, until: float) -> None:
+        """Tell the sweep the chain standing at this request is alive (it waits), so it sends no duplicate."""
+        self.table.set_lane_lease(message.batch_id, message.model, chain_of(message, meta), message.index, until)
+        self.table.update_request(message.batch_id, message.position, "SET lease_until = :until",
+                                  "#status = :queued", names={"#status": "status"}, until=until, queued="queued")
+
+    def continue_chain(self, message: RequestMessage, following: RequestMessage | None, now: float,
+                       delay_seconds: int = 0) -> None:
+        """Send the chain's next request; at the chain's end, see whether the batch is done."""
+        if following is not None:
+            dispatch.send(self.settings, [following], delay_seconds=delay_seconds)
+            return
+        fresh = self.table.get_meta(message.batch_id)
+        if fresh is not None:
+            lifecycle.try_finalize(self.settings, self.table, fresh, now)

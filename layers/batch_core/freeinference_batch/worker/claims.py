@@ -1,0 +1,126 @@
+"""Claiming a request: its gates, a slot of the model and of the account, and the claim
+transaction (request queued -> running, the batch's running count, both slots)."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+from freeinference_batch import fairness, lifecycle
+from freeinference_batch.observability import logger
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.leases import Leases, new_holder
+from freeinference_batch.store.runs import RunWrites
+from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiting_since
+from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
+from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
+from freeinference_batch.worker.waiting import WaitingRoom
+
+# How long a chain waits when its owner's account has lost batch access, before it looks again.
+ACCESS_WAIT_SECONDS = 60.0
+
+
+class Claims:
+    def __init__(self, settings: Settings, table: BatchTable, leases: Leases, gates: Gatekeeper,
+                 waiting: WaitingRoom, chains: Chains, writes: RunWrites) -> None:
+        self.settings = settings
+        self.table = table
+        self.leases = leases
+        self.gates = gates
+        self.waiting = waiting
+        self.chains = chains
+        self.writes = writes
+
+    def claim(self, message: RequestMessage, record: dict, now: float) -> Done | Parked | Claimed:
+        gates = self.gates.read(message, now)
+        verdict = self.gates.judge(message, gates, now)
+        meta = gates.meta
+        log = {"batch_id": message.batch_id, "position": message.position, "model": message.model}
+        if verdict.kind == "gone":
+            if meta is not None:
+                lifecycle.try_finalize(self.settings, self.table, meta, now)
+            return Done()
+        assert meta is not None and verdict.owner is not None
+        owner = verdict.owner
+        if verdict.kind == "unauthorized":
+            logger.info("owner no longer valid: failing the batch", extra={**log, "reason": owner.reason})
+            lifecycle.fail_batch(self.settings, self.table, meta, now, "owner_unauthorized",
+                                 f"The key or account that created the batch is no longer valid: {owner.reason}")
+            return Done()
+        if verdict.kind == "quota":
+            assert owner.resume_at is not None
+            return self.waiting.park_long(message, meta, owner.resume_at + random.uniform(1, 30) - now, now)
+        if verdict.kind == "no_access":
+            return self.waiting.park_long(message, meta, ACCESS_WAIT_SECONDS, now)
+        if verdict.kind == "no_model":
+            return self._fail_unrun(message, meta, now, {"code": "model_not_found", "status": 404,
+                                                         "message": f"Model {message.model!r} not found"})
+        if verdict.capacity <= 0:
+            return self.waiting.wait_for_slot(message, meta, record, now, None, None, 0)
+
+        slots = slots_as_read(message, gates, verdict)
+        for slots_key, item, capacity in slots:
+            leases = (item or {}).get("leases")
+            if leases is not None and len(leases) < capacity:
+                continue
+            # Full as read. Held by live leases, it is waited for: registering as a waiter answers
+            # the item as it is then, so a slot freed since the read is seen there. Otherwise (never
+            # used, or a dead worker's lease expired in it) reap first, counting from reap's own read.
+            live = leases is not None and all(until > now for until in leases.values())
+            if (live and record.get("receiptHandle")) or self.leases.reap(slots_key, now) >= capacity:
+                return self.waiting.wait_for_slot(message, meta, record, now, slots_key, item, capacity)
+
+        sent = waiting_since(message, record, now)
+        holder = new_holder(message.batch_id, chain_of(message, meta), aged=fairness.waited_its_turn(now - sent))
+        token = uuid.uuid4().hex
+        slots_until = now + self.settings.slot_lease_seconds
+        waiting_as = waiter_id(message, meta)
+        claim = [
+            self.writes.claim(message, token, holder, now, now + self.settings.lease_seconds, meta["ttl"]),
+            self.writes.count_started(message.batch_id, now),
+            *(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
+                                          stop_waiting=waiting_as if waiting_as in (item or {}).get("waiters", {})
+                                          else None)
+              for slots_key, item, capacity in slots),
+        ]
+        try:
+            transact(claim)
+        except TransactionFailed as failure:
+            if failure.failed(0):
+                return self._duplicate(message, now)
+            if failure.failed(1):
+                return Parked(0)  # the batch changed (cancelled, expired...): look again
+            # Someone took the slot since the read.
+            full = 2 if failure.failed(2) else 3
+            slots_key, _, capacity = slots[full - 2]
+            return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
+        metric("QueueWait", max(0.0, now - sent), "Seconds")
+        return Claimed(message, meta, token, holder, has_record=True, capacity=verdict.capacity,
+                       backoff=gates.backoff)
+
+    def _duplicate(self, message: RequestMessage, now: float) -> Done | Parked:
+        """The claim found the request not queued. If it has settled, this message is spent: drop
+        it. Otherwise this may be the very message that another delivery is running (or has just
+        put back for a retry), made visible again by a wake that used the receipt handle of an
+        earlier delivery: deleting it would lose the chain's token. Keep it: until the run's lease
+        ends if the request runs, or to look again at once if it is queued again; whichever
+        delivery of it then finds the request settled drops it."""
+        state = self.table.get_request(message.batch_id, message.position) or {"status": "queued"}
+        if state["status"] == "running":
+            return Parked(max(1.0, float(state.get("lease_until", now)) - now + random.uniform(1, 5)))
+        if state["status"] == "queued":
+            return Parked(0)
+        return Done()
+
+    def _fail_unrun(self, message: RequestMessage, meta: dict, now: float, error: dict) -> Done:
+        """A request that can never run (its model left the catalog) fails without a claim."""
+        try:
+            transact([*self.writes.fail_unrun(message, error, now, meta["ttl"]),
+                      self.chains.advance_element(message, meta, now)])
+        except TransactionFailed:
+            return Done()
+        self.chains.continue_chain(message, self.chains.following(message, meta), now)
+        return Done()

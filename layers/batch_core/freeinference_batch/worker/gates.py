@@ -1,0 +1,94 @@
+"""The gates a request passes before every run, read in one BatchGetItem: the batch, the owner's
+key, account and day's usage, the model's interactive load, its backoff and both slots items."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freeinference_batch import accounts, clock, lifecycle, model_backoff
+from freeinference_batch.catalog import Catalog
+from freeinference_batch.observability import logger
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_table import BatchTable, meta_key
+from freeinference_batch.store.dynamo import batch_get
+from freeinference_batch.store.leases import account_slots_key, model_slots_key
+
+
+@dataclass
+class Gates:
+    """What the gate read found for one request."""
+
+    meta: dict | None
+    key_item: dict
+    account: dict
+    usage_nano: int
+    load: int
+    model_slots: dict | None
+    account_slots: dict | None
+    backoff: model_backoff.Backoff | None = None
+
+
+@dataclass
+class Verdict:
+    """The gates' answer: `run` with the model's capacity, or why not."""
+
+    kind: str  # run | gone | unauthorized | quota | no_access | no_model
+    owner: accounts.OwnerState | None = None
+    capacity: int = 0
+
+
+def slots_as_read(message: RequestMessage, gates: Gates, verdict: Verdict) -> list[tuple[dict, dict | None, int]]:
+    """(key, item as the gates read it, capacity) of the model's and the account's slots, in that order."""
+    assert verdict.owner is not None
+    return [(model_slots_key(message.model), gates.model_slots, verdict.capacity),
+            (account_slots_key(message.account_id), gates.account_slots, verdict.owner.concurrency_limit)]
+
+
+class Gatekeeper:
+    def __init__(self, settings: Settings, table: BatchTable, catalog: Catalog) -> None:
+        self.settings = settings
+        self.table = table
+        self.catalog = catalog
+
+    def read(self, message: RequestMessage, now: float) -> Gates:
+        account_id, key_hash = message.account_id, message.key_hash
+        accounts_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
+                         accounts_table.usage_item_key(account_id, clock.utc_day(now)),
+                         accounts_table.load_item_key(message.model), model_slots_key(message.model),
+                         account_slots_key(account_id), accounts_table.backoff_item_key(message.model)]
+        found = batch_get({
+            self.table.name: {"Keys": [meta_key(message.batch_id)], "ConsistentRead": True},
+            self.settings.accounts_table_name: {"Keys": accounts_keys, "ConsistentRead": True},
+        })
+        meta = found[self.table.name][0] if found[self.table.name] else None
+        by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
+        key_item, account, usage, load, model_slots, account_slots, backoff = (
+            by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in accounts_keys)
+        if meta is not None and (meta["account_id"] != account_id or meta["key_hash"] != key_hash):
+            # Messages are ours, but never trust one over the batch it names.
+            logger.error("message owner does not match its batch", extra={"batch_id": message.batch_id})
+            meta = None
+        return Gates(meta=meta, key_item=key_item or {}, account=account or {},
+                     usage_nano=int((usage or {}).get("cost_nano", 0)), load=int((load or {}).get("inflight", 0)),
+                     model_slots=model_slots, account_slots=account_slots,
+                     backoff=accounts_table.backoff_of(backoff))
+
+    def judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0) -> Verdict:
+        """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over."""
+        meta = gates.meta
+        # The batch is gone, no longer starts requests, or its window closed before this one started.
+        if meta is None or not lifecycle.starts_requests(meta, now):
+            return Verdict("gone")
+        # The owner, checked again before every run.
+        owner = accounts.judge_owner(self.catalog, meta["account_id"], gates.key_item or None,
+                                     gates.account or None, gates.usage_nano + pending_cost, now)
+        kind = {accounts.OwnerStatus.UNAUTHORIZED: "unauthorized", accounts.OwnerStatus.QUOTA_EXHAUSTED: "quota",
+                accounts.OwnerStatus.NO_BATCH_ACCESS: "no_access"}.get(owner.status)
+        if kind:
+            return Verdict(kind, owner)
+        model = self.catalog.models.get(message.model)
+        if model is None:
+            return Verdict("no_model", owner)
+        return Verdict("run", owner, model_backoff.capped(model.batch_capacity(gates.load), gates.backoff))

@@ -1,0 +1,59 @@
+"""What a step of a request's run answers: the message is done with or parked, a request is
+claimed and to run, or a chain leaves its invocation."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from freeinference_batch import model_backoff
+from freeinference_batch.observability import metrics
+from freeinference_batch.schemas import RequestMessage
+
+_metrics_lock = threading.Lock()
+
+
+def metric(name: str, value: float = 1, unit: str = "Count") -> None:
+    # Records run in threads of one invocation, and Powertools' metrics are not thread-safe.
+    with _metrics_lock:
+        metrics.add_metric(name=name, unit=unit, value=value)
+
+
+@dataclass
+class Done:
+    """The message is finished with: delete it."""
+
+
+@dataclass
+class Parked:
+    """The message stays: its visibility was set to when it should come back."""
+
+    seconds: float
+    # A message that keeps failing unexpectedly must reach the dead-letter queue: never refresh it.
+    refresh: bool = True
+
+
+@dataclass
+class Claimed:
+    """A request this worker has claimed and is to run."""
+
+    message: RequestMessage
+    meta: dict
+    # The request's claim (every write of its run is conditional on it) and the chain's hold on
+    # its two slots, which outlives the claim: a hand-over passes the slots on without writing them.
+    token: str
+    holder: str
+    # False for a request claimed by a hand-over: the SQS record in hand belongs to an earlier one.
+    has_record: bool
+    # The model's batch capacity and backoff as the claim's gates read them (model_backoff.py).
+    capacity: int = 0
+    backoff: model_backoff.Backoff | None = None
+
+
+@dataclass
+class Leave:
+    """A chain leaves the invocation: its next request goes by a message sent `delay_seconds` late.
+    `yielded_from` holds the slots items as read when the chain gave its slots to a waiting batch."""
+
+    delay_seconds: int = 0
+    yielded_from: list[dict | None] | None = None

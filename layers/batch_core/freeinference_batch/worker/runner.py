@@ -1,0 +1,127 @@
+"""Running request messages: the gates, the claim, the upstream call, the settle, the hand-over.
+
+One message starts one chain of a lane (requests k, k+W, k+2W, ... of it, see dispatch.py). In AWS
+calls, a request's life is:
+
+1. one BatchGetItem reads the batch, the owner's key, account and day's usage, the model's
+   interactive load and both slot items (the gates, cheapest first);
+2. one transaction claims it: request queued→running (attempts+1), the batch's running count,
+   a model slot and an account slot (slots are leases held by the chain, see store/leases.py);
+3. the upstream call;
+4. one transaction hands over: this request's final state, the batch's counters and cost, the
+   day's usage, the lane's chain moved on, and the chain's next request claimed, after step 1's
+   gates for it. The chain keeps its two slots without writing them (it renews its hold once
+   per `lease_seconds`). The next request then runs in the same invocation.
+
+A chain leaves the invocation (a plain settle that releases the slots, and a message for its
+next request) when a gate says no, the invocation is near its timeout, the request is to be
+retried, or a smaller batch waits for the slots (then the chain yields, see settling.py).
+Whoever releases a slot wakes the best waiting chain at once.
+
+The parts, one module each: `gates` (what a request must pass before every run), `claims`
+(taking the request and the slots), `waiting` (waiting for a slot, and waking who waits),
+`settling` (the settle and the hand-over), `chains` (a lane's chains), `overload` (the model's
+cap under upstream overload); the writes themselves are `store/runs.py`'s and `store/leases.py`'s.
+
+Every write is conditional on the request's claim token, so duplicate deliveries, concurrent
+workers and a worker that dies between any two steps never count anything twice: what a dead
+worker leaves behind, the sweep finds by its expired lease.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from pydantic import ValidationError
+
+from freeinference_batch import clock, dispatch, upstream
+from freeinference_batch.catalog import load_catalog
+from freeinference_batch.observability import logger
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.leases import Leases
+from freeinference_batch.store.runs import RunWrites
+from freeinference_batch.worker.chains import Chains, waiting_since
+from freeinference_batch.worker.claims import Claims
+from freeinference_batch.worker.faults import maybe_crash
+from freeinference_batch.worker.gates import Gatekeeper
+from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
+from freeinference_batch.worker.settling import Settler
+from freeinference_batch.worker.waiting import WaitingRoom
+
+UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
+FRESH_COPY_AFTER_RECEIVES = 500
+
+
+class Worker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.table = BatchTable(settings)
+        self.leases = leases = Leases(settings)
+        catalog = load_catalog(settings.model_catalog_path)
+        writes = RunWrites(self.table)
+        chains = Chains(settings, self.table)
+        self.gates = Gatekeeper(settings, self.table, catalog)
+        self.waiting = WaitingRoom(settings, leases, chains)
+        self.claims = Claims(settings, self.table, leases, self.gates, self.waiting, chains, writes)
+        self.settler = Settler(settings, self.table, leases, catalog, self.gates, self.waiting, chains, writes,
+                               crash=self._maybe_crash)
+
+    def now(self) -> float:
+        return clock.now(self.settings.clock_offset_file)
+
+    def _maybe_crash(self, step: str) -> None:
+        maybe_crash(self.settings, step)
+
+    def handle_record(self, record: dict, deadline: float | None = None) -> Done | Parked:
+        """One SQS record (the raw Lambda event record); Done means delete the message.
+
+        `deadline` (time.monotonic()) is when the invocation times out; without one, each
+        message runs its one request and the chain goes on by a new message."""
+        try:
+            message = RequestMessage.model_validate_json(record["body"])
+        except ValidationError:
+            logger.error("dropping a message that is not a request message", extra={"message_id": record["messageId"]})
+            return Done()
+        try:
+            outcome = self.process(message, record, deadline)
+        except Exception:
+            # Nothing was settled; try again shortly (a claim left behind is recovered by its lease).
+            logger.exception("request failed unexpectedly", extra={"batch_id": message.batch_id,
+                                                                  "position": message.position})
+            outcome = Parked(UNEXPECTED_ERROR_WAIT_SECONDS, refresh=False)
+        if isinstance(outcome, Parked):
+            receives = int(record.get("attributes", {}).get("ApproximateReceiveCount", 1))
+            if outcome.refresh and receives >= FRESH_COPY_AFTER_RECEIVES and outcome.seconds <= 900:
+                # Every park is a receive, and the dead-letter redrive counts receives (at most
+                # 1000): a message that waits long for slots is replaced by a fresh copy.
+                since = waiting_since(message, record, self.now())
+                dispatch.send(self.settings, [message.model_copy(update={"waiting_since": since})],
+                              delay_seconds=round(outcome.seconds))
+                return Done()
+            dispatch.park(self.settings, message.model, record["receiptHandle"], outcome.seconds)
+        return outcome
+
+    def process(self, message: RequestMessage, record: dict, deadline: float | None = None) -> Done | Parked:
+        """Run the message's request and, while the deadline allows, the rest of its chain."""
+        step = self.claims.claim(message, record, self.now())
+        while isinstance(step, Claimed):
+            step = self._run(step, deadline)
+        return step
+
+    def _run(self, claimed: Claimed, deadline: float | None) -> Done | Parked | Claimed:
+        message, meta = claimed.message, claimed.meta
+        self._maybe_crash("after claim")
+        metric("RequestsRun")
+        body = self._request_body(meta, message.position)
+        outcome = upstream.call(self.settings, body, account_id=meta["account_id"],
+                                request_ref=f"{message.batch_id}:{message.position}")
+        self._maybe_crash("after upstream call")
+        return self.settler.settle(claimed, outcome, deadline, self.now())
+
+    def _request_body(self, meta: dict, position: int) -> bytes:
+        """The request's body as stored at create: JSON bytes, sent upstream without parsing."""
+        starts = meta["chunk_starts"]
+        number = bisect.bisect_right(starts, position) - 1
+        return self.table.get_chunk(meta["id"], number).body(position - starts[number])

@@ -1,0 +1,199 @@
+"""Settling a run: its final state (or its retry), the batch's counters and cost, the day's
+usage, the slots released, and the chain moved on. When the invocation has time for another
+request, the settle is a hand-over instead: the same transaction claims the chain's next request,
+which then runs in this invocation under the same hold on the slots."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from freeinference_batch import clock, dispatch, upstream
+from freeinference_batch.catalog import Catalog
+from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
+from freeinference_batch.observability import logger
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.store.runs import RunWrites
+from freeinference_batch.worker.chains import Chains, remaining
+from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
+from freeinference_batch.worker.outcomes import Claimed, Done, Leave, Parked, metric
+from freeinference_batch.worker.overload import adjust_model_cap
+from freeinference_batch.worker.waiting import WaitingRoom
+
+# A chain carries on in the invocation only while one more upstream call and its bookkeeping fit.
+HANDOVER_MARGIN_SECONDS = 30.0
+# A chain that yields its slot sends its next message this late, so the woken chain comes first.
+YIELD_DELAY_SECONDS = 1
+
+
+class Settler:
+    def __init__(self, settings: Settings, table: BatchTable, leases: Leases, catalog: Catalog, gates: Gatekeeper,
+                 waiting: WaitingRoom, chains: Chains, writes: RunWrites, crash: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.table = table
+        self.leases = leases
+        self.catalog = catalog
+        self.gates = gates
+        self.waiting = waiting
+        self.chains = chains
+        self.writes = writes
+        self.crash = crash
+
+    def settle(self, claimed: Claimed, outcome: upstream.Outcome, deadline: float | None,
+               now: float) -> Done | Parked | Claimed:
+        message, meta, token = claimed.message, claimed.meta, claimed.token
+        log = {"batch_id": message.batch_id, "position": message.position}
+        adjust_model_cap(self.settings, self.catalog, claimed, outcome, now)
+        state = self.table.get_request(message.batch_id, message.position) if outcome.kind == "retry" else None
+        attempts = int(state.get("attempts", 1)) if state else 1
+        if outcome.kind == "retry" and attempts < self.settings.batch_max_attempts:
+            delay = self._retry_delay(attempts, outcome.retry_after)
+            requeued = self._transact_settle(claimed, now, status="queued", error=outcome.error,
+                                             lease_until=now + delay + self.settings.batch_dispatch_lease_seconds)
+            if not requeued:
+                return Done()
+            metric("RequestsRetried")
+            logger.info("request will be retried", extra={**log, "attempt": attempts, "delay": round(delay, 2),
+                                                          "code": outcome.error and outcome.error["code"]})
+            self.waiting.wake_waiters(message, meta["account_id"], now)
+            if claimed.has_record:
+                return Parked(delay)
+            # The record in hand is an earlier request's: this one needs a message of its own.
+            dispatch.send(self.settings, [message], delay_seconds=min(900, round(delay)))
+            return Done()
+
+        settle: dict[str, Any]
+        if outcome.kind == "completed":
+            assert outcome.response is not None
+            prompt, completion = upstream.usage_of(outcome.response["body"])
+            cost = self.catalog.models[message.model].cost_nano(prompt, completion)
+            # Stored once (compressed, or in S3), whether the hand-over or a plain settle writes it.
+            stored = self.table.response_attributes(message.batch_id, message.position, token, outcome.response)
+            settle = {"status": "completed", "stored": stored, "cost_nano": cost}
+        else:
+            metric("RequestsFailed")
+            settle = {"status": "failed", "error": outcome.error}
+            if outcome.usage:  # the model served it, though its answer cannot be kept
+                settle["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
+
+        following = self.chains.following(message, meta)
+        leave = Leave()
+        if following is not None and deadline is not None and (
+                deadline - time.monotonic() > self.settings.batch_upstream_timeout_seconds + HANDOVER_MARGIN_SECONDS):
+            handed = self._hand_over(claimed, following, now, settle)
+            if not isinstance(handed, Leave):
+                return handed
+            leave = handed
+        if not self._transact_settle(claimed, now, **settle):
+            return Done()
+        self.crash("after settle")
+        # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
+        self.waiting.wake_waiters(message, meta["account_id"], now, leave.yielded_from)
+        self.chains.continue_chain(message, following, now, leave.delay_seconds)
+        return Done()
+
+    def _hand_over(self, claimed: Claimed, following: RequestMessage, now: float,
+                   settle: dict[str, Any]) -> Claimed | Done | Leave:
+        """Settle this request and claim the chain's next one under the same hold on the slots, in
+        one transaction. Answers the next claim, Done if this run lost its claim, or Leave when the
+        chain must leave the invocation (and settle plainly)."""
+        message, meta, token, holder = claimed.message, claimed.meta, claimed.token, claimed.holder
+        cost = int(settle.get("cost_nano", 0))
+        gates = self.gates.read(following, now)
+        verdict = self.gates.judge(following, gates, now, pending_cost=cost)
+        if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
+            return Leave()  # the next request's own message will meet the gate and act on it
+        fresh_meta = gates.meta
+        slots = slots_as_read(message, gates, verdict)
+        # The slots are not written here: the chain keeps its hold, checked against this read (a
+        # capacity that shrank since is seen at the next hand-over), and renewed only once less than
+        # a run's lease of it is left. So a chain writes its slots items about once per
+        # `lease_seconds`, not once per request: they are the hottest items of the table.
+        renewals = []
+        for slots_key, item, capacity in slots:
+            leases = (item or {}).get("leases", {})
+            if holder not in leases or len(leases) > capacity:
+                return Leave()  # the capacity shrank (or our lease was reaped): release and queue up again
+            if float(leases[holder]) - now < self.settings.lease_seconds:
+                renewals.append(self.leases.renew_element(slots_key, holder, capacity,
+                                                          now + self.settings.slot_lease_seconds))
+        if self._should_yield(message.batch_id, holder, remaining(fresh_meta) - 1, slots, now):
+            metric("SlotsYielded")
+            return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
+
+        next_token = uuid.uuid4().hex
+        elements = [
+            self.writes.settle(message, token, now, **settle),
+            self.writes.count_handed_over(message.batch_id, settle["status"], cost, now),
+            self.chains.advance_element(message, meta, now),
+            self.writes.claim(following, next_token, holder, now, now + self.settings.lease_seconds,
+                              fresh_meta["ttl"]),
+            *renewals,
+        ]
+        if cost:
+            elements.append(accounts_table.add_usage_element(self.settings, meta["account_id"], cost,
+                                                             clock.utc_day(now), int(now)))
+        try:
+            transact(elements)
+        except TransactionFailed as failure:
+            if failure.failed(0):
+                logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
+                                                                  "position": message.position})
+                return Done()
+            return Leave()  # the batch stopped, a slot changed or the next request was claimed: settle plainly
+        metric("RequestsHandedOver")
+        return Claimed(following, fresh_meta, next_token, holder, has_record=False, capacity=verdict.capacity,
+                       backoff=gates.backoff)
+
+    def _should_yield(self, batch_id: str, holder: str, remaining: int,
+                      slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
+        """Batches take turns: give this slot up when another batch waits for it and this batch
+        holds more than its fair share (see fairness.py `fair_shares`)."""
+        for _, item, capacity in slots:
+            if not any(w.batch_id != batch_id for w in live_waiters(item, now)):
+                continue
+            share = fair_shares(item, capacity, batch_id, remaining, now).get(batch_id, 0)
+            if not keeps_slot(item, holder, share):
+                return True
+        return False
+
+    def _transact_settle(self, claimed: Claimed, now: float, *, status: str, error: dict | None = None,
+                         stored: dict | None = None, cost_nano: int = 0, lease_until: float | None = None) -> bool:
+        """Settle and release both slots (a final state also moves the lane's chain on)."""
+        message, meta, holder = claimed.message, claimed.meta, claimed.holder
+        elements = [
+            self.writes.settle(message, claimed.token, now, status=status, error=error, stored=stored,
+                               cost_nano=cost_nano, lease_until=lease_until),
+            self.writes.count_settled(message.batch_id, status, cost_nano),
+        ]
+        if cost_nano:
+            elements.append(accounts_table.add_usage_element(self.settings, meta["account_id"], cost_nano,
+                                                             clock.utc_day(now), int(now)))
+        elements.append(self.leases.release_element(model_slots_key(message.model), holder))
+        elements.append(self.leases.release_element(account_slots_key(meta["account_id"]), holder))
+        if status != "queued":
+            elements.append(self.chains.advance_element(message, meta, now))
+        try:
+            transact(elements)
+        except TransactionFailed:
+            # Our claim was taken back (the lease ran out and recovery re-queued it): the other
+            # run's outcome counts, not ours.
+            logger.warning("settle lost its claim", extra={"batch_id": message.batch_id, "position": message.position})
+            return False
+        return True
+
+    def _retry_delay(self, attempts: int, retry_after: float | None) -> float:
+        """Exponential backoff with jitter; an upstream Retry-After is a floor."""
+        base = self.settings.batch_retry_base_seconds * 2 ** (attempts - 1)
+        delay = min(self.settings.batch_retry_max_seconds, base) * random.uniform(0.5, 1.0)
+        if retry_after:
+            delay = max(delay, min(retry_after, self.settings.batch_retry_max_seconds))
+        return delay

@@ -1,0 +1,111 @@
+"""Waiting for a slot: a chain that finds the slots full registers as a waiter on the slots item
+and parks its message; whoever frees a slot without taking it again wakes the best waiter's
+message at once (who is best is fairness.py's policy; the item is store/leases.py's)."""
+
+from __future__ import annotations
+
+import random
+
+from botocore.exceptions import ClientError
+
+from freeinference_batch import aws
+from freeinference_batch.fairness import live_waiters
+from freeinference_batch.observability import logger
+from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.dynamo import batch_get
+from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
+from freeinference_batch.worker.chains import Chains, remaining, waiter_id, waiting_since
+from freeinference_batch.worker.outcomes import Parked, metric
+
+# A slot wait re-checks after a short, jittered pause; a registered waiter is woken when a slot
+# frees, so its park is only the fallback should the wake be lost.
+SLOT_WAIT_SECONDS = (1.0, 3.0)
+WOKEN_WAIT_SECONDS = (5.0, 10.0)
+# SQS caps a visibility change at 12 h: a longer wait parks again when the message comes back.
+LONGEST_PARK_SECONDS = 12 * 3600 - 60
+
+
+class WaitingRoom:
+    def __init__(self, settings: Settings, leases: Leases, chains: Chains) -> None:
+        self.settings = settings
+        self.leases = leases
+        self.chains = chains
+
+    def wait_for_slot(self, message: RequestMessage, meta: dict, record: dict, now: float,
+                      slots_key: dict | None, item: dict | None, capacity: int) -> Parked:
+        """No slot: register as a waiter on the full slots item (to be woken when one frees) and park."""
+        metric("RequestsParked")
+        sent = waiting_since(message, record, now)
+        if now - sent > self.settings.batch_dispatch_lease_seconds / 2:
+            # Waiting long: tell the sweep this chain is alive, or it would send a duplicate.
+            self.chains.renew_dispatch_lease(message, meta, now + self.settings.batch_dispatch_lease_seconds)
+        handle = record.get("receiptHandle")
+        if slots_key is None or not handle:
+            return Parked(random.uniform(*SLOT_WAIT_SECONDS))
+        seconds = random.uniform(*WOKEN_WAIT_SECONDS)
+        if item is None:
+            item = self.read_slots([slots_key])[0]
+        waiter = Waiter(id=waiter_id(message, meta), batch_id=message.batch_id, model=message.model,
+                        remaining=remaining(meta), handle=handle, until=now + seconds + 5, since=min(sent, now))
+        registered = self.leases.add_waiter(slots_key, item, waiter, now)
+        if registered is None:
+            return Parked(random.uniform(*SLOT_WAIT_SECONDS))
+        # A slot freed between our read and the registration was released by a worker that saw no
+        # waiter to wake: look once more, or this chain would sleep its whole park with a slot free.
+        # Withdraw the registration first: a wake through this delivery's receipt handle, once the
+        # message is received again, would make it visible while that delivery runs it.
+        if len(registered.get("leases", {})) < capacity:
+            self.leases.take_waiter(slots_key, waiter)
+            return Parked(0)
+        return Parked(seconds)
+
+    def park_long(self, message: RequestMessage, meta: dict, seconds: float, now: float) -> Parked:
+        """Wait long (for the quota's renewal, or for batch access to come back)."""
+        metric("RequestsParked")
+        seconds = min(seconds, LONGEST_PARK_SECONDS)
+        self.chains.renew_dispatch_lease(message, meta, now + seconds + self.settings.batch_dispatch_lease_seconds)
+        return Parked(seconds)
+
+    def read_slots(self, keys: list[dict]) -> list[dict | None]:
+        found = batch_get({self.settings.accounts_table_name: {"Keys": keys, "ConsistentRead": True}})
+        by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
+        return [by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in keys]
+
+    def wake_waiters(self, message: RequestMessage, account_id: str, now: float,
+                     known: list[dict | None] | None = None) -> None:
+        """Slots were freed and not taken again: make the best waiting chain's message visible.
+
+        `known` are the slots items as a yielding chain read them just before: the waiter it yields
+        to is woken from them without another read (so a better waiter that registered since is
+        passed over while that one is still listed). Any item that shows no waiter left to wake is
+        then read afresh, since a chain may have registered between that read and the release."""
+        keys = [model_slots_key(message.model), account_slots_key(account_id)]
+        try:
+            items = known if known is not None else self.read_slots(keys)
+            unwoken = [slots_key for slots_key, item in zip(keys, items, strict=True)
+                       if not self._wake_best(slots_key, item, now)]
+            if known is not None and unwoken:
+                for slots_key, item in zip(unwoken, self.read_slots(unwoken), strict=True):
+                    self._wake_best(slots_key, item, now)
+        except Exception:
+            # Waking only saves a waiter the rest of its park; failing here must not keep the
+            # caller from what follows (its chain's next message).
+            logger.exception("could not wake waiters", extra={"batch_id": message.batch_id})
+
+    def _wake_best(self, slots_key: dict, item: dict | None, now: float) -> bool:
+        """Wake the best of the item's live waiters; False if it shows none, or others took them all."""
+        for waiter in live_waiters(item, now):
+            if self.leases.take_waiter(slots_key, waiter):
+                self._make_visible(waiter)
+                return True
+        return False
+
+    def _make_visible(self, waiter: Waiter) -> None:
+        try:
+            aws.sqs().change_message_visibility(QueueUrl=self.settings.model_queue_url(waiter.model),
+                                                ReceiptHandle=waiter.handle, VisibilityTimeout=0)
+            metric("WaitersWoken")
+        except (ClientError, KeyError):
+            # Received again since (a new handle) or gone: it is running or will come back by itself.
+            logger.info("waiter was no longer parked", extra={"batch_id": waiter.batch_id})
