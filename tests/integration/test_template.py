@@ -376,14 +376,20 @@ def test_each_model_has_its_own_queue_and_worker(
     prefix = names.resolve(template["Globals"]["Function"]["Environment"]["Variables"]["MODEL_QUEUE_URL_PREFIX"])
     settings = Settings(MODEL_QUEUE_URL_PREFIX=prefix)  # type: ignore[call-arg]
     worker_queue = {}
-    for properties in functions.values():
+    for logical_id, properties in functions.items():
         for event in _events_of_type(properties, "SQS"):
             model = properties["Environment"]["Variables"]["WORKER_MODEL"]
             assert model not in worker_queue, f"two workers for {model}"
             queue = template["Resources"][_getatt_resource(event["Queue"])]
             worker_queue[model] = names.resolve(queue["Properties"]["QueueName"])
-            # The static cap must leave room for the model's full batch concurrency.
-            assert properties["ReservedConcurrentExecutions"] >= catalog.models[model].batch_concurrency
+            # Both caps are the one the catalog derives from the model's batch capacity; the
+            # number is written in the model's block (CloudFormation cannot compute it).
+            info = catalog.models[model]
+            must = (f"template.yaml block {logical_id.split('/')[0]}: WorkerConcurrency must be "
+                    f"{info.worker_concurrency} (2 x batch_concurrency {info.batch_concurrency} of {model} in "
+                    "models.json; README \"Sizing a model\")")
+            assert properties["ReservedConcurrentExecutions"] == info.worker_concurrency, must
+            assert event["ScalingConfig"]["MaximumConcurrency"] == info.worker_concurrency, must
     assert set(worker_queue) == set(catalog.models)
     # The code finds each model's queue by name: the URL it derives is the queue's URL.
     for model, queue_name in worker_queue.items():
