@@ -1,7 +1,8 @@
 """Adding a model is one catalog entry and one block in template.yaml, and nothing else.
 
 On a copy of the repo's template, model template, catalog and functions, a third model gets its
-catalog entry and a copy of an existing model's block (its name and ModelId changed). Then the
+catalog entry and a copy of an existing model's block (its name, ModelId and WorkerConcurrency
+changed, the last to what the catalog derives from the new model's batch_concurrency). Then the
 templates (both levels) lint clean and agree with the catalog, and a local stack started from
 the copy creates the model's queues and worker poller from it and runs the model's requests
 to completion, beside the other two models'.
@@ -53,10 +54,15 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                     "tiers": ["internal", "standard"], "batch_concurrency": 2,
                                     "interactive_capacity": 32}
     (root / "models.json").write_text(json.dumps(catalog, indent=2))
-    # 2. one block: an existing model's, under a new name, with the new ModelId
+    # 2. one block: an existing model's, under a new name, with the new ModelId and the
+    # WorkerConcurrency its batch_concurrency (2, unlike the copied model's) gives
     text = (REPO / "template.yaml").read_text()
     name, block, model = _a_block(text)
-    new_block = block.replace(f"  {name}:", f"  {NEW_BLOCK}:", 1).replace(f"ModelId: {model}", f"ModelId: {NEW_MODEL}")
+    workers = Catalog.model_validate(catalog).models[NEW_MODEL].worker_concurrency
+    new_block, replaced = re.subn(r"^(        WorkerConcurrency: )\d+$", rf"\g<1>{workers}", block, flags=re.M)
+    assert replaced == 1, f"{name} passes no WorkerConcurrency"
+    new_block = new_block.replace(f"  {name}:", f"  {NEW_BLOCK}:", 1).replace(f"ModelId: {model}",
+                                                                             f"ModelId: {NEW_MODEL}")
     changed = text.replace(block, block + "\n" + new_block, 1)
     assert len(changed.splitlines()) - len(text.splitlines()) == len(new_block.splitlines()) + 1
     (root / "template.yaml").write_text(changed)
@@ -79,6 +85,10 @@ def test_the_template_and_the_catalog_agree(copy: Path) -> None:
                for logical_id, spec in functions.items() if spec.events("SQS")}
     assert set(workers) == set(catalog.models) == {"glm-5.3-flash", "qwen3.6-35b", NEW_MODEL}
     assert workers[NEW_MODEL] == f"{NEW_BLOCK}/WorkerFunction"
+    # Each worker reserves what the catalog derives from its model's capacity, the new one too.
+    for model, logical_id in workers.items():
+        assert functions[logical_id].properties["ReservedConcurrentExecutions"] == \
+            catalog.models[model].worker_concurrency, logical_id
     # Its queues, log group and alarms came with the block; no other resource changed.
     before = load_template(REPO / "template.yaml")
     added = set(template["Resources"]) - set(before["Resources"])

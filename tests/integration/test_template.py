@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from freeinference_batch.catalog import Catalog
+from freeinference_batch.catalog import Catalog, ModelInfo
 from freeinference_batch.local.stack import TemplateResources
 from freeinference_batch.local.template import function_properties, load_template, resources_of_type
 from freeinference_batch.settings import Settings
@@ -376,14 +377,20 @@ def test_each_model_has_its_own_queue_and_worker(
     prefix = names.resolve(template["Globals"]["Function"]["Environment"]["Variables"]["MODEL_QUEUE_URL_PREFIX"])
     settings = Settings(MODEL_QUEUE_URL_PREFIX=prefix)  # type: ignore[call-arg]
     worker_queue = {}
-    for properties in functions.values():
+    for logical_id, properties in functions.items():
         for event in _events_of_type(properties, "SQS"):
             model = properties["Environment"]["Variables"]["WORKER_MODEL"]
             assert model not in worker_queue, f"two workers for {model}"
             queue = template["Resources"][_getatt_resource(event["Queue"])]
             worker_queue[model] = names.resolve(queue["Properties"]["QueueName"])
-            # The static cap must leave room for the model's full batch concurrency.
-            assert properties["ReservedConcurrentExecutions"] >= catalog.models[model].batch_concurrency
+            # Both caps are the one the catalog derives from the model's batch capacity; the
+            # number is written in the model's block (CloudFormation cannot compute it).
+            info = catalog.models[model]
+            must = (f"template.yaml block {logical_id.split('/')[0]}: WorkerConcurrency must be "
+                    f"{info.worker_concurrency} (2 x batch_concurrency {info.batch_concurrency} of {model} in "
+                    "models.json; README \"Sizing a model\")")
+            assert properties["ReservedConcurrentExecutions"] == info.worker_concurrency, must
+            assert event["ScalingConfig"]["MaximumConcurrency"] == info.worker_concurrency, must
     assert set(worker_queue) == set(catalog.models)
     # The code finds each model's queue by name: the URL it derives is the queue's URL.
     for model, queue_name in worker_queue.items():
@@ -540,3 +547,18 @@ def test_reserved_concurrency_leaves_the_account_pool_documented(template: dict[
     readme = (REPO / "README.md").read_text()
     assert "admin --stack-name freeinference-batch --region us-east-1 preflight" in readme
     assert "100" in readme.split("### Lambda concurrency")[1].split("###")[0]
+
+
+def test_the_readme_sizing_table_is_the_catalog_rule() -> None:
+    # The operator sizes a model from this table, not from the code: each row must be what the
+    # catalog derives, and its largest capacity must be one the catalog takes.
+    section = (REPO / "README.md").read_text().split("### Sizing a model\n")[1].split("\n### ")[0]
+    rows = [(int(capacity), int(workers)) for capacity, workers in
+            (line.strip("|").split("|") for line in section.splitlines() if re.fullmatch(r"\| \d+ \| \d+ \|", line))]
+    assert [capacity for capacity, _ in rows] == [4, 16, 64, 128, 500]
+    for capacity, workers in rows:
+        info = ModelInfo(input_usd_per_million_tokens=0, output_usd_per_million_tokens=0, tiers=[],
+                         batch_concurrency=capacity)
+        assert info.worker_concurrency == workers, f"README row {capacity}: it is {info.worker_concurrency}"
+    words = " ".join(section.split())
+    assert "needs a quota increase first" in words and "admin --stack-name … preflight" in words

@@ -15,6 +15,12 @@ from pydantic import BaseModel, Field, field_validator
 # (Micro-USD would round a 16-token prompt at $0.10/M, 1.6 micro-USD, to a whole number.)
 NANO_PER_USD = 1_000_000_000
 
+# An SQS event source mapping's MaximumConcurrency is 2 to 1000 (AWS::Lambda::EventSourceMapping
+# ScalingConfig); a worker's is 2 x its model's batch_concurrency (ModelInfo.worker_concurrency),
+# so 500 is the largest batch capacity one model's worker can serve.
+MAX_MAPPING_CONCURRENCY = 1000
+MAX_BATCH_CONCURRENCY = MAX_MAPPING_CONCURRENCY // 2
+
 
 class ModelInfo(BaseModel):
     input_usd_per_million_tokens: float = Field(ge=0)
@@ -23,6 +29,30 @@ class ModelInfo(BaseModel):
     batch_concurrency: int = Field(4, ge=1)
     # Interactive requests in flight at which the model gives no room to batches at all.
     interactive_capacity: int = Field(64, ge=1)
+
+    @field_validator("batch_concurrency")
+    @classmethod
+    def _fits_one_worker(cls, value: int) -> int:
+        if value > MAX_BATCH_CONCURRENCY:
+            raise ValueError(
+                f"batch_concurrency {value} is over {MAX_BATCH_CONCURRENCY}: its worker would need "
+                f"2 x {value} = {2 * value} concurrent executions, and an SQS event source mapping's "
+                f"MaximumConcurrency is at most {MAX_MAPPING_CONCURRENCY}"
+            )
+        return value
+
+    @property
+    def worker_concurrency(self) -> int:
+        """The model worker's reserved concurrency and its SQS mapping's MaximumConcurrency: what
+        template.yaml must pass as the model block's WorkerConcurrency (the tests check it).
+
+        Twice the batch capacity: a chain runs request after request inside one invocation and
+        keeps that invocation (and the record it came in) for as long as it runs, so with every
+        slot taken up to batch_concurrency invocations are held by one chain each. The mapping must
+        still be able to invoke for the messages of waiting and woken chains, or a woken chain's
+        message waits in the queue until some held invocation ends, with its slot idle meanwhile.
+        batch_concurrency >= 1 keeps it at or above the mapping's minimum, 2."""
+        return 2 * self.batch_concurrency
 
     def cost_nano(self, prompt_tokens: int, completion_tokens: int) -> int:
         # USD per million tokens == micro-USD per token == 1000 nano-USD per token.
