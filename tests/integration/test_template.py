@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from freeinference_batch.catalog import Catalog
-from freeinference_batch.local.stack import TemplateResources
-from freeinference_batch.local.template import function_properties, load_template, resources_of_type
 from freeinference_batch.settings import Settings
+from freeinference_batch_local.stack import TemplateResources
+from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
