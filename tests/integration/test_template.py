@@ -250,9 +250,14 @@ def test_sam_build_succeeds(tmp_path: Path, functions: dict[str, dict[str, Any]]
     assert (package / "__init__.py").is_file()
     assert (package / "settings.py").is_file()
     assert (package / "models.json").is_file()
+    # The service only: the client side and the local stack are other packages, never shipped.
+    for moved in ("local", "cli", "client.py", "openai_files.py"):
+        assert not (package / moved).exists(), f"the built layer has freeinference_batch/{moved}"
     # Binary wheels must be the Lambda runtime's (CPython 3.13 on arm64), not this machine's.
     layer = build_dir / "BatchCoreLayer" / "python"
     assert list(layer.glob("pydantic_core/*cpython-313-aarch64-linux-gnu.so")), "no arm64 cp313 pydantic_core"
+    development_side = {"freeinference_batch_client", "freeinference_batch_local", "click", "tqdm", "moto"}
+    assert not {p.name for p in layer.iterdir()} & development_side
 
 
 # ---------------------------------------------------------------- structure
