@@ -193,7 +193,7 @@ def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = Tr
     from freeinference_batch_local.stack import LocalStack
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for name in ("freeinference_batch", "werkzeug"):
+    for name in ("freeinference_batch", "freeinference_batch_local", "werkzeug"):
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     warnings.filterwarnings("ignore", message="No application metrics to publish")
