@@ -22,7 +22,7 @@ For the cost model each call also gets its billing units:
   projected ALL) is kept as `old_wru`, for comparison.
   Every write is also counted by item (table, pk, sk): writes, transactional weight, units,
   and the item's size with the sizes of its collections that grow with the requests in flight
-  (`leases` maps and lists, `heads`), for the hot-item projection in aws_calls.py.
+  (the slots items' `leases` maps), for the hot-item projection in aws_calls.py.
 - SQS: one request per 64 KB of payload (send: message bodies; receive: the answer).
 - S3: one request each.
 
@@ -103,8 +103,17 @@ class Timings:
 
 
 # Item attributes that grow with the requests in flight: the slots items' `leases` maps (one entry
-# per running request) and the lane's `heads` and `leases` lists (one entry per chain).
-GROWING = ("leases", "heads")
+# per running request). A lane's chains have an item each (`head`, `lease`), whatever its width.
+GROWING = ("leases",)
+
+
+def item_kind(pk: str, sk: str) -> str:
+    """("BATCH#x", "REQ#000000042") -> "BATCH/REQ". A lane's chain (`LANE#<model>#00003`) is
+    "BATCH/CHAIN", told apart from its lane (`LANE#<model>`, "BATCH/LANE"): model ids hold no `#`."""
+    parts = [part.split("#")[0] for part in (pk, sk) if part]
+    if parts[-1] == "LANE" and sk.count("#") == 2:
+        parts[-1] = "CHAIN"
+    return "/".join(parts)
 
 
 @dataclass(frozen=True)
@@ -494,7 +503,7 @@ class AwsCalls:
         in_indexes = sum(1 for index in self._tables.get(table_name, [])
                          if after is not None and all(k in after.index_keys for k in index.keys))
         old = factor * _ceil_units(old_size, 1024) * (1 + in_indexes)
-        kind = "/".join(part.split("#")[0] for part in target[1:] if part)
+        kind = item_kind(target[1], target[2])
         with self.lock:
             self.wru_by_kind[kind] += units + gsi
             self.gsi_wru_by_kind[kind] += gsi

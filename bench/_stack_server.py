@@ -28,6 +28,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import _instrument  # bench/ is this script's directory, so first on sys.path
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -121,12 +123,10 @@ def model_slots(client: Any) -> dict[str, list[int]]:
 
 
 def item_kind(key: dict) -> str:
-    """`{"pk": {"S": "BATCH#x"}, "sk": {"S": "REQ#000000042"}}` -> "BATCH/REQ"."""
-    parts = []
-    for value in key.values():
-        text = str(next(iter(value.values()))) if isinstance(value, dict) and value else str(value)
-        parts.append(text.split("#")[0])
-    return "/".join(parts)
+    """`{"pk": {"S": "BATCH#x"}, "sk": {"S": "REQ#000000042"}}` -> "BATCH/REQ" (as the cost model names it)."""
+    texts = [str(next(iter(value.values()))) if isinstance(value, dict) and value else str(value)
+             for value in key.values()]
+    return _instrument.item_kind(*texts, *[""] * (2 - len(texts)))
 
 
 def write_stats(stack: Any, counter: CallCounter, path: str, interval: float, stop: threading.Event) -> None:

@@ -21,7 +21,7 @@ Prices are assumptions (us-east-1 list prices, printed); free tiers are ignored.
 Targets (issue 13): <= $5 per million requests at 5 s, <= 4 DynamoDB WRU per request.
 
 Hot items on paper: from the writes counted per item (table, pk, sk) and the sizes of the
-collections that grow with the requests in flight (slot leases, lane heads), the WCU per second
+collections that grow with the requests in flight (slot leases), the WCU per second
 each item and each partition key would take with --hot-in-flight (500) requests in flight at
 --model-latency, all of one batch and one account as in this run; DynamoDB allows 1,000 WCU/s per
 partition, and the target is a third of that. Also how many worker invocations that load needs.
@@ -383,9 +383,12 @@ def hot_items(items: dict[tuple[str, str, str], ItemWrites], succeeded: int, in_
     """Per item, busiest first: (key, writes, projected size, WCU/s) at `in_flight` requests in flight.
 
     Writes per request as measured (transactional ones twice); each write's units from the item's
-    size with its growing collections (slot leases, lane heads) at `in_flight` entries, i.e. one
-    batch whose lane is that wide and one account, as in this run. GSI writes go to the indexes'
-    own partitions and are left out."""
+    size with its growing collections (slot leases) at `in_flight` entries, i.e. one batch whose
+    lane is that wide and one account, as in this run. A lane's chain items (`BATCH/CHAIN`) keep
+    their size; each takes its share of the requests at this run's lane width, so its own figure
+    is an upper bound (at a lane `in_flight` wide each would take 1/`in_flight`), while its
+    partition's sum over the chains is what the lane takes at any width. GSI writes go to the
+    indexes' own partitions and are left out."""
     rate = in_flight / latency
     out = []
     for target, record in items.items():

@@ -7,12 +7,16 @@ Items of one batch share the partition `BATCH#<id>`:
 |---|---|---|
 | `META` | create, then every state change | owner, status, timestamps, counters, cost (nano-USD), metadata |
 | `IN#00000` | create (immutable) | a run of consecutive requests (`input_chunks.py`); S3 when too big |
-| `LANE#<model>` | create, each settle | the lane's chain heads and their dispatch leases |
+| `LANE#<model>` | create (immutable) | the lane's model, size (requests) and width (chains) |
+| `LANE#<model>#00003` | create, chain 3's settles, renewals | chain 3's head (next request's index), dispatch lease |
 | `LANEPOS#<model>` | create (immutable) | the lane's request positions, delta-encoded and compressed |
 | `REQ#000000042` | when a request first runs | status, attempts, last error, response (compressed; S3 when large) |
 
 The mutable items stay small on purpose: DynamoDB bills an update by the size of the whole
-item, so the big immutable parts live in items of their own.
+item, so the big immutable parts live in items of their own, and each chain of a lane (up to
+hundreds) moves its own item rather than an entry of a lane-wide list. Model ids hold no `#`
+(catalog.py), so a chain's key names its lane unambiguously: `LANE#glm#00003` is of lane `glm`
+whatever other models' ids begin with `glm`.
 """
 
 from __future__ import annotations
@@ -82,8 +86,16 @@ def request_key(batch_id: str, position: int) -> dict:
     return key(batch_pk(batch_id), f"REQ#{position:09d}")
 
 
-def lane_key(batch_id: str, model: str) -> dict:
-    return key(batch_pk(batch_id), f"LANE#{model}")
+def lane_sk(model: str) -> str:
+    return f"LANE#{model}"
+
+
+def chain_sk(model: str, chain: int) -> str:
+    return f"{lane_sk(model)}#{chain:05d}"
+
+
+def chain_key(batch_id: str, model: str, chain: int) -> dict:
+    return key(batch_pk(batch_id), chain_sk(model, chain))
 
 
 def encode_positions(positions: list[int]) -> bytes:
@@ -176,12 +188,14 @@ class BatchTable:
 
     def lane_items(self, batch_id: str, model: str, positions: list[int], width: int, lease_until: float,
                    ttl: int) -> list[dict]:
-        heads = list(range(min(width, len(positions))))
+        """The lane's items: its positions, itself, and one item per chain, chain k at head k."""
+        pk = batch_pk(batch_id)
         return [
-            to_item({"pk": batch_pk(batch_id), "sk": f"LANEPOS#{model}", "positions": encode_positions(positions),
+            to_item({"pk": pk, "sk": f"LANEPOS#{model}", "positions": encode_positions(positions), "ttl": ttl}),
+            to_item({"pk": pk, "sk": lane_sk(model), "model": model, "size": len(positions), "width": width,
                      "ttl": ttl}),
-            to_item({"pk": batch_pk(batch_id), "sk": f"LANE#{model}", "model": model, "size": len(positions),
-                     "width": width, "heads": heads, "leases": [lease_until] * len(heads), "ttl": ttl}),
+            *(to_item({"pk": pk, "sk": chain_sk(model, chain), "head": chain, "lease": lease_until, "ttl": ttl})
+              for chain in range(min(width, len(positions)))),
         ]
 
     def put_items(self, items: list[dict]) -> None:
@@ -235,12 +249,26 @@ class BatchTable:
         return positions
 
     def get_lanes(self, batch_id: str) -> list[dict]:
-        return list(query_all(
+        """Each lane (`model`, `size`, `width`) with its chains' `heads` and dispatch `leases`,
+        chain k's at k: the lanes' items and their chains' items, read with one Query."""
+        lanes: dict[str, dict] = {}
+        chains: dict[str, dict[int, dict]] = {}
+        for item in query_all(
             TableName=self.name,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :lane)",
             ExpressionAttributeValues=values(pk=batch_pk(batch_id), lane="LANE#"),
             ConsistentRead=True,
-        ))
+        ):
+            model, _, chain = item["sk"].removeprefix("LANE#").partition("#")
+            if chain:
+                chains.setdefault(model, {})[int(chain)] = item
+            else:
+                lanes[model] = {"model": item["model"], "size": item["size"], "width": item["width"]}
+        for model, lane in lanes.items():
+            ordered = [chain for _, chain in sorted(chains.get(model, {}).items())]
+            lane["heads"] = [chain["head"] for chain in ordered]
+            lane["leases"] = [chain["lease"] for chain in ordered]
+        return list(lanes.values())
 
     def get_request(self, batch_id: str, position: int) -> dict | None:
         answer = aws.dynamodb().get_item(TableName=self.name, Key=request_key(batch_id, position),
@@ -383,19 +411,21 @@ class BatchTable:
         return {"Update": element}
 
     def lane_update_element(self, batch_id: str, model: str, slot: int, head: int, lease_until: float) -> dict:
+        """Move chain `slot` of the lane to `head`, its dispatch lease to `lease_until`."""
         return {"Update": {
-            "TableName": self.name, "Key": lane_key(batch_id, model),
-            "UpdateExpression": f"SET heads[{slot}] = :head, leases[{slot}] = :lease",
+            "TableName": self.name, "Key": chain_key(batch_id, model, slot),
+            "UpdateExpression": "SET head = :head, lease = :lease",
             "ExpressionAttributeValues": values(head=head, lease=lease_until),
         }}
 
     def set_lane_lease(self, batch_id: str, model: str, slot: int, head: int, lease_until: float) -> bool:
-        """Renew one chain's dispatch lease, only if the chain still stands at `head`."""
+        """Renew one chain's dispatch lease, only if the chain still stands at `head` (a chain that
+        does not exist fails the condition too: nothing is created)."""
         try:
             aws.dynamodb().update_item(
-                TableName=self.name, Key=lane_key(batch_id, model),
-                UpdateExpression=f"SET leases[{slot}] = :lease",
-                ConditionExpression=f"heads[{slot}] = :head",
+                TableName=self.name, Key=chain_key(batch_id, model, slot),
+                UpdateExpression="SET lease = :lease",
+                ConditionExpression="head = :head",
                 ExpressionAttributeValues=values(head=head, lease=lease_until),
             )
             return True
