@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Set before the service's modules are imported here: Powertools reads it when its logger is made.
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 PYTHON = sys.executable
-DEV_COMMAND = [PYTHON, "-c", "from freeinference_batch.cli import main; main()", "dev"]
+DEV_COMMAND = [PYTHON, "-c", "from freeinference_batch_client.cli import main; main()", "dev"]
 MODEL = "glm-5.3-flash"
 _LINE = re.compile(r"(?P<base_url>https?://\S+/v1)\b.*?(?P<key>hyi-[A-Za-z0-9_\-]+)")
 FINAL = {"completed", "failed", "expired", "cancelled"}
@@ -159,7 +159,7 @@ class StackProcess:
         env = {name: value for name, value in os.environ.items()
                if not name.startswith(("AWS_", "BATCH_", "UPSTREAM_", "POWERTOOLS_"))}
         env["POWERTOOLS_LOG_LEVEL"] = "WARNING"
-        done = subprocess.run([PYTHON, "-c", "from freeinference_batch.cli import main; main()", "admin", *args],
+        done = subprocess.run([PYTHON, "-c", "from freeinference_batch_client.cli import main; main()", "admin", *args],
                               cwd=self.dir, env=env, capture_output=True, text=True, timeout=120)
         if done.returncode:
             raise RuntimeError(f"admin {' '.join(args)} failed: {done.stderr[-2000:]}")
@@ -190,10 +190,10 @@ def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = Tr
     `moto_in_process` is False (the instruments that time or count moto's work need it here)."""
     import logging
 
-    from freeinference_batch.local.stack import LocalStack
+    from freeinference_batch_local.stack import LocalStack
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for name in ("freeinference_batch", "werkzeug"):
+    for name in ("freeinference_batch", "freeinference_batch_local", "werkzeug"):
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     warnings.filterwarnings("ignore", message="No application metrics to publish")
@@ -253,7 +253,7 @@ def write_catalog(directory: Path | str, concurrency: int, models: list[str] | N
 def template_poller_cap(function: str = "GlmFlashModel/WorkerFunction") -> dict[str, Any]:
     """The worker's SQS event settings from template.yaml that bound how many requests run at once:
     BatchSize (records an invocation runs side by side), MaximumConcurrency, reserved concurrency."""
-    from freeinference_batch.local.template import load_template
+    from freeinference_batch_local.template import load_template
 
     properties = load_template(REPO / "template.yaml")["Resources"][function]["Properties"]
     event = next(iter(properties["Events"].values()))["Properties"]

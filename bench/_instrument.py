@@ -404,7 +404,7 @@ class AwsCalls:
 
     @staticmethod
     def _dynamo_backend() -> Any:
-        from freeinference_batch.local.handlers import LOCAL_ACCOUNT_ID, LOCAL_REGION
+        from freeinference_batch_local.handlers import LOCAL_ACCOUNT_ID, LOCAL_REGION
         from moto.dynamodb.models import dynamodb_backends
 
         return dynamodb_backends[LOCAL_ACCOUNT_ID][LOCAL_REGION]

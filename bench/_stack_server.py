@@ -168,7 +168,7 @@ def main() -> None:
     real_stdout = os.dup(1)
     os.dup2(2, 1)  # the handlers' logs and metrics go to stderr; stdout gets the one line
 
-    from freeinference_batch.local.stack import LocalStack
+    from freeinference_batch_local.stack import LocalStack
 
     stack = LocalStack().start()
     stats_stop = threading.Event()

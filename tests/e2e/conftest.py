@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 20.0
 # `freeinference-batch dev`, with this interpreter (no reliance on PATH or a `cli/__main__.py`).
-DEV_COMMAND = [sys.executable, "-c", "from freeinference_batch.cli import main; main()", "dev"]
-ADMIN_COMMAND = [sys.executable, "-c", "from freeinference_batch.cli import main; main()", "admin"]
+DEV_COMMAND = [sys.executable, "-c", "from freeinference_batch_client.cli import main; main()", "dev"]
+ADMIN_COMMAND = [sys.executable, "-c", "from freeinference_batch_client.cli import main; main()", "admin"]
 # Default settings, except the timings a test would otherwise wait for.
 SHORT_TIMINGS = {
     "BATCH_SCHEDULE_SECONDS": "1",

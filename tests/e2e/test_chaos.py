@@ -22,9 +22,9 @@ import pytest
 from conftest import StackProcess, wait_for
 from freeinference_batch import clock
 from freeinference_batch.catalog import NANO_PER_USD, Catalog, load_catalog
-from freeinference_batch.local.upstream_sim import UpstreamSimulator
 from freeinference_batch.store.accounts_table import usage_item_key
 from freeinference_batch.store.dynamo import from_item
+from freeinference_batch_local.upstream_sim import UpstreamSimulator
 
 # 500 requests through a moto server that serves one call at a time: minutes on a busy 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from freeinference_batch.cli import main
+from freeinference_batch_client.cli import main
 
 pytestmark = pytest.mark.e2e
 
-CLI = [sys.executable, "-c", "from freeinference_batch.cli import main; main()"]
+CLI = [sys.executable, "-c", "from freeinference_batch_client.cli import main; main()"]
 POLL = ["--poll-interval", "0.2"]
 
 

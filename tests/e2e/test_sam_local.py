@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from freeinference_batch.local.sam_env import DOCKER_HOST, SAMPLE_EVENTS_KEY, sam_env_path
-from freeinference_batch.local.template import function_properties, load_template, resources_of_type
+from freeinference_batch_local.sam_env import DOCKER_HOST, SAMPLE_EVENTS_KEY, sam_env_path
+from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
 pytestmark = pytest.mark.e2e
 
@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
 SAM_PYTHON = REPO / ".tools" / "sam" / "bin" / "python"
 LAYER = REPO / "layers" / "batch_core"
+LOCAL_STACK = REPO / "local_stack"
 
 # The environment `sam local invoke` gives each function (SAM's provider and resolution).
 _SAM_RESOLVE = """
@@ -53,7 +54,7 @@ print(json.dumps(out))
 # One function's handler, run on its sample events (a fresh interpreter: its own environment).
 _INVOKE = """
 import importlib, json, sys
-from freeinference_batch.local.handlers import LambdaContext
+from freeinference_batch_local.handlers import LambdaContext
 code_dir, handler, events = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 sys.path.insert(0, code_dir)
 module, _, name = handler.rpartition(".")
@@ -127,8 +128,9 @@ def test_each_sample_event_runs_its_handler_against_the_running_stack(stack, res
         ran.add(Path(function["codeuri"]).name)
         # What the container would see, with host.docker.internal being this machine.
         env = {name: value.replace(DOCKER_HOST, "127.0.0.1") for name, value in function["env"].items()}
-        env.update(PATH=os.environ["PATH"], PYTHONPATH=str(LAYER), POWERTOOLS_TRACE_DISABLED="true",
-                   POWERTOOLS_METRICS_DISABLED="true")
+        # The layer is what the container has; the local stack's root only for LambdaContext.
+        env.update(PATH=os.environ["PATH"], PYTHONPATH=os.pathsep.join([str(LAYER), str(LOCAL_STACK)]),
+                   POWERTOOLS_TRACE_DISABLED="true", POWERTOOLS_METRICS_DISABLED="true")
         result = subprocess.run(
             [sys.executable, "-c", _INVOKE, str(REPO / function["codeuri"]), function["handler"],
              json.dumps([str(e) for e in events])],

@@ -15,14 +15,14 @@ import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, clock
 from freeinference_batch.catalog import load_catalog
-from freeinference_batch.local import aws_limits, moto_transactions
-from freeinference_batch.local.apigw import build_event, invoke_integration, refuse_oversized_body
-from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
-from freeinference_batch.local.pollers import failed_message_ids, sqs_record
-from freeinference_batch.local.stack import TemplateResources, template_environment
-from freeinference_batch.local.template import load_template
-from freeinference_batch.local.upstream_sim import UpstreamSimulator
 from freeinference_batch.settings import Settings, get_settings
+from freeinference_batch_local import aws_limits, moto_transactions
+from freeinference_batch_local.apigw import build_event, invoke_integration, refuse_oversized_body
+from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
+from freeinference_batch_local.pollers import failed_message_ids, sqs_record
+from freeinference_batch_local.stack import TemplateResources, template_environment
+from freeinference_batch_local.template import load_template
+from freeinference_batch_local.upstream_sim import UpstreamSimulator
 from moto import mock_aws
 from moto.dynamodb.models import DynamoDBBackend
 

@@ -12,10 +12,10 @@ from botocore.stub import Stubber
 from click.testing import CliRunner
 from freeinference_batch import accounts, aws
 from freeinference_batch.catalog import NANO_PER_USD
-from freeinference_batch.cli import main, preflight
-from freeinference_batch.cli.admin import resolve_target
-from freeinference_batch.local.template import load_template
 from freeinference_batch.settings import Settings
+from freeinference_batch_client.cli import main, preflight
+from freeinference_batch_client.cli.admin import resolve_target
+from freeinference_batch_local.template import load_template
 from moto import mock_aws
 
 ACCOUNTS_TABLE = "cli-accounts"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from freeinference_batch import accounts, clock
-from freeinference_batch.local.handlers import load_module, repo_root
+from freeinference_batch_local.handlers import load_module, repo_root
 
 from tests.integration.conftest import sample_request
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 from freeinference_batch import batches, dispatch, schedules
-from freeinference_batch.local.handlers import load_module, repo_root
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed
+from freeinference_batch_local.handlers import load_module, repo_root
 
 from tests.integration.conftest import capture_answers, sample_request
 

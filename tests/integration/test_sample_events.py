@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from freeinference_batch import accounts
-from freeinference_batch.local.handlers import LambdaContext, load_handler, repo_root
+from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
 
 SAMPLE_KEY = "hyi-sample-key"
 SAMPLE_BATCH = "batch_0123456789abcdef0123456789abcdef"

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 from freeinference_batch import aws, worker
-from freeinference_batch.local.handlers import LambdaContext, load_handler, load_module, repo_root
-from freeinference_batch.local.pollers import sqs_record
+from freeinference_batch_local.handlers import LambdaContext, load_handler, load_module, repo_root
+from freeinference_batch_local.pollers import sqs_record
 
 from tests.integration.conftest import sample_request
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 from freeinference_batch.catalog import Catalog, ModelInfo
-from freeinference_batch.local.stack import TemplateResources
-from freeinference_batch.local.template import function_properties, load_template, resources_of_type
 from freeinference_batch.settings import Settings
+from freeinference_batch_local.stack import TemplateResources
+from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
@@ -251,9 +251,14 @@ def test_sam_build_succeeds(tmp_path: Path, functions: dict[str, dict[str, Any]]
     assert (package / "__init__.py").is_file()
     assert (package / "settings.py").is_file()
     assert (package / "models.json").is_file()
+    # The service only: the client side and the local stack are other packages, never shipped.
+    for moved in ("local", "cli", "client.py", "openai_files.py"):
+        assert not (package / moved).exists(), f"the built layer has freeinference_batch/{moved}"
     # Binary wheels must be the Lambda runtime's (CPython 3.13 on arm64), not this machine's.
     layer = build_dir / "BatchCoreLayer" / "python"
     assert list(layer.glob("pydantic_core/*cpython-313-aarch64-linux-gnu.so")), "no arm64 cp313 pydantic_core"
+    development_side = {"freeinference_batch_client", "freeinference_batch_local", "click", "tqdm", "moto"}
+    assert not {p.name for p in layer.iterdir()} & development_side
 
 
 # ---------------------------------------------------------------- structure

@@ -15,9 +15,9 @@ from pathlib import Path
 import boto3
 import pytest
 from freeinference_batch import aws, upstream
-from freeinference_batch.local.stack import TemplateResources
-from freeinference_batch.local.template import function_properties, load_template, resources_of_type
 from freeinference_batch.settings import Settings
+from freeinference_batch_local.stack import TemplateResources
+from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 from moto import mock_aws
 from pydantic import ValidationError
 
@@ -204,7 +204,7 @@ def test_a_worker_cold_start_fails_on_a_url_that_cannot_work() -> None:
 def test_the_local_stack_puts_a_given_credential_in_the_workers_secret(moto_env, monkeypatch):
     # `sam local`'s workers read the secret the template names: a credential given to the local
     # stack (UPSTREAM_API_KEY, for a real upstream) must be what they read.
-    from freeinference_batch.local.stack import LocalStack
+    from freeinference_batch_local.stack import LocalStack
 
     template = load_template(TEMPLATE)
     clients = {"secretsmanager": boto3.client("secretsmanager")}

@@ -13,13 +13,13 @@ import pytest
 from freeinference_batch import aws, clock, dispatch, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
-from freeinference_batch.local.upstream_sim import prompt_tokens, reply_for
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import values
 from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
 from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, Parked, Worker
+from freeinference_batch_local.upstream_sim import prompt_tokens, reply_for
 
 from tests.integration.conftest import sample_request
 

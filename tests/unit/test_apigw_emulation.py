@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from freeinference_batch.local.apigw import (
+from freeinference_batch_local.apigw import (
     INTEGRATION_TIMEOUT_SECONDS,
     LAMBDA_INVOKE_PAYLOAD_BYTES,
     MAX_BODY_BYTES,
@@ -26,8 +26,8 @@ from freeinference_batch.local.apigw import (
     routes_from_functions,
     select_route,
 )
-from freeinference_batch.local.handlers import functions_from_template
-from freeinference_batch.local.template import load_template
+from freeinference_batch_local.handlers import functions_from_template
+from freeinference_batch_local.template import load_template
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import requests
-from freeinference_batch import client as client_module
-from freeinference_batch.client import (
+from freeinference_batch_client import client as client_module
+from freeinference_batch_client.client import (
     DEFAULT_BASE_URL,
     Batch,
     BatchApiError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from freeinference_batch.local import moto_transactions
+from freeinference_batch_local import moto_transactions
 from moto import mock_aws
 from moto.dynamodb.models import DynamoDBBackend
 

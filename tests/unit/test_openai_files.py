@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from freeinference_batch import openai_files
-from freeinference_batch.client import encode_create_body
-from freeinference_batch.openai_files import InputFileError, InputRequest, Manifest, Part
+from freeinference_batch_client import openai_files
+from freeinference_batch_client.client import encode_create_body
+from freeinference_batch_client.openai_files import InputFileError, InputRequest, Manifest, Part
 
 
 def request(custom_id: str, model: str = "glm-5.3-flash", content: str = "hello", **extra) -> dict:
@@ -309,7 +309,7 @@ def test_split_outputs_sends_failures_to_the_errors_writer_when_given():
 
 def test_submit_dry_run_checks_and_plans_without_a_key(tmp_path, monkeypatch):
     from click.testing import CliRunner
-    from freeinference_batch.cli import main
+    from freeinference_batch_client.cli import main
 
     monkeypatch.delenv("FREEINFERENCE_API_KEY", raising=False)
     path = write_jsonl(tmp_path / "in.jsonl", [request(f"r{i}") for i in range(5)])
@@ -326,7 +326,7 @@ def test_submit_dry_run_checks_and_plans_without_a_key(tmp_path, monkeypatch):
 
 def test_submit_reports_bad_lines_and_submits_nothing(tmp_path, monkeypatch):
     from click.testing import CliRunner
-    from freeinference_batch.cli import main
+    from freeinference_batch_client.cli import main
 
     monkeypatch.setenv("FREEINFERENCE_API_KEY", "hyi-unused")
     monkeypatch.setenv("FREEINFERENCE_BASE_URL", "http://127.0.0.1:9/v1")  # nothing listens: no call is made
@@ -340,7 +340,7 @@ def test_submit_reports_bad_lines_and_submits_nothing(tmp_path, monkeypatch):
 
 def test_submit_refuses_metadata_that_leaves_no_room_for_the_jobs_keys(tmp_path):
     from click.testing import CliRunner
-    from freeinference_batch.cli import main
+    from freeinference_batch_client.cli import main
 
     path = write_jsonl(tmp_path / "in.jsonl", [request("a")])
     pairs = [arg for i in range(15) for arg in ("--metadata", f"k{i}=v")]

@@ -9,9 +9,9 @@ import uuid
 
 import boto3
 import pytest
-from freeinference_batch.local.handlers import LAMBDA_INVOKE_PAYLOAD_BYTES, invoke_payload_bytes
-from freeinference_batch.local.moto_server import MotoServer
-from freeinference_batch.local.pollers import (
+from freeinference_batch_local.handlers import LAMBDA_INVOKE_PAYLOAD_BYTES, invoke_payload_bytes
+from freeinference_batch_local.moto_server import MotoServer
+from freeinference_batch_local.pollers import (
     QueuePoller,
     ScheduleTimer,
     failed_message_ids,

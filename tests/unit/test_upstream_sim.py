@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
-from freeinference_batch.local.upstream_sim import UpstreamSimulator
+from freeinference_batch_local.upstream_sim import UpstreamSimulator
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from freeinference_batch.local.template import function_properties
 from freeinference_batch.pages import LAMBDA_PAYLOAD_LIMIT
+
+from freeinference_batch_local.template import function_properties
 
 REPO_ROOT_ENV = "FREEINFERENCE_REPO_ROOT"
 LOCAL_REGION = "us-east-1"
@@ -50,8 +51,8 @@ def repo_root() -> Path:
     configured = os.environ.get(REPO_ROOT_ENV)
     if configured:
         return Path(configured).resolve()
-    # <repo>/layers/batch_core/freeinference_batch/local/handlers.py
-    candidate = Path(__file__).resolve().parents[4]
+    # <repo>/local_stack/freeinference_batch_local/handlers.py
+    candidate = Path(__file__).resolve().parents[2]
     if (candidate / "template.yaml").is_file() and (candidate / "functions").is_dir():
         return candidate
     return Path.cwd()

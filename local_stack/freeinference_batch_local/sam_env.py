@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from freeinference_batch.local.state import STATE_DIR
+from freeinference_batch_local.state import STATE_DIR
 
 SAM_ENV_FILE = "sam-env.json"
 DOCKER_HOST = "host.docker.internal"
@@ -35,7 +35,7 @@ def sam_env_vars(template: dict[str, Any], resources: Any, stack_env: dict[str, 
                  host: str = DOCKER_HOST) -> dict[str, dict[str, str]]:
     """SAM's env-vars document: the stack's value of every global variable, and each function's
     own variables resolved against the stack's resources (`resources`: a TemplateResources)."""
-    from freeinference_batch.local.stack import _env_string
+    from freeinference_batch_local.stack import _env_string
 
     function_globals = (template.get("Globals") or {}).get("Function") or {}
     declared = (function_globals.get("Environment") or {}).get("Variables") or {}

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from freeinference_batch.local.handlers import (
+from freeinference_batch_local.handlers import (
     LAMBDA_INVOKE_PAYLOAD_BYTES,
     LOCAL_ACCOUNT_ID,
     LOCAL_REGION,

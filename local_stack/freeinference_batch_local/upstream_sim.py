@@ -15,7 +15,7 @@ anywhere in any message's text steer one request:
 sends "<batch id>:<position>"), else a hash of the body, so retries of the same request share an
 attempt counter.
 
-Run standalone: `python -m freeinference_batch.local.upstream_sim --port 8081`.
+Run standalone: `python -m freeinference_batch_local.upstream_sim --port 8081`.
 """
 
 from __future__ import annotations

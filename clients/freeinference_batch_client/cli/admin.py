@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 import boto3
 import click
 from botocore.exceptions import BotoCoreError, ClientError
-
 from freeinference_batch import accounts, aws, errors
 from freeinference_batch.catalog import NANO_PER_USD, load_catalog
 from freeinference_batch.settings import Settings
@@ -242,8 +241,9 @@ def set_load_command(ctx: click.Context, model: str, inflight: int) -> None:
 def preflight_command(ctx: click.Context, template_path: str) -> None:
     """Check the account before a deploy (Lambda concurrency: the unreserved pool must stay >= 100)
     and, with --stack-name, the deployed stack (the upstream credential was put in its secret)."""
-    from freeinference_batch.cli import preflight
-    from freeinference_batch.local.template import load_template  # PyYAML: the dev install has it
+    from freeinference_batch_local.template import load_template  # PyYAML: the dev install has it
+
+    from freeinference_batch_client.cli import preflight
 
     clients = {name: boto3.client(name) for name in ("lambda", "cloudformation", "secretsmanager")}
     findings = preflight.run(load_template(template_path), ctx.obj.get("stack_name"), clients)

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-
-from freeinference_batch import openai_files
 from freeinference_batch.catalog import load_catalog
-from freeinference_batch.client import (
+
+from freeinference_batch_client import openai_files
+from freeinference_batch_client.client import (
     API_KEY_ENV,
     BASE_URL_ENV,
     Batch,
@@ -36,7 +36,7 @@ from freeinference_batch.client import (
     BatchClient,
     BatchClientError,
 )
-from freeinference_batch.openai_files import InputFileError, Manifest
+from freeinference_batch_client.openai_files import InputFileError, Manifest
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_POLL_SECONDS = 5.0

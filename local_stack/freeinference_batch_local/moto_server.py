@@ -6,7 +6,7 @@ moto's WSGI app with werkzeug's threaded server, but wrap the app in one lock: a
 is read *before* taking the lock and its response is fully produced *inside* it, so the lock is
 held only while moto works, never while a socket is slow.
 
-`MotoProcess` runs that server in a child process (`python -m freeinference_batch.local.moto_server`).
+`MotoProcess` runs that server in a child process (`python -m freeinference_batch_local.moto_server`).
 The local stack does so by default: the stack is one Python process, and the GIL would otherwise
 put moto's work and every Lambda's on one core, so that each request's latency grows with the
 total load. The child exits when its stdin closes, that is, when the stack stops or dies.
@@ -95,7 +95,7 @@ class MotoServer:
         )
         from werkzeug.serving import make_server
 
-        from freeinference_batch.local import aws_limits, moto_transactions
+        from freeinference_batch_local import aws_limits, moto_transactions
 
         moto_transactions.install()  # O(items touched) transactions instead of O(table size)
         aws_limits.install()  # refuse what DynamoDB and SQS refuse and moto does not
@@ -155,10 +155,12 @@ class MotoProcess:
         self._process: subprocess.Popen[str] | None = None
 
     def start(self) -> str:
-        package_root = str(Path(__file__).resolve().parents[2])
+        # The child imports this package and nothing of the service's: its root on the path is
+        # enough, installed or not.
+        package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "freeinference_batch.local.moto_server", "--host", self.host],
+            [sys.executable, "-m", "freeinference_batch_local.moto_server", "--host", self.host],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             # Out of the terminal's process group: Ctrl-C is the stack's to handle, and the stack
             # stops this child itself, in its order.

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from freeinference_batch.local.handlers import (
+from freeinference_batch_local.handlers import (
     LOCAL_ACCOUNT_ID,
     LOCAL_REGION,
     LOCAL_STACK_NAME,
@@ -37,15 +37,15 @@ from freeinference_batch.local.handlers import (
     functions_from_template,
     repo_root,
 )
-from freeinference_batch.local.sam_env import (
+from freeinference_batch_local.sam_env import (
     SAMPLE_EVENTS_ACCOUNT,
     SAMPLE_EVENTS_KEY,
     sam_env_vars,
     write_sam_env,
 )
-from freeinference_batch.local.template import load_template
+from freeinference_batch_local.template import load_template
 
-log = logging.getLogger("freeinference_batch.local")
+log = logging.getLogger("freeinference_batch_local")
 
 DEFAULT_PORT = 8080
 DEV_ACCOUNT_ID = "dev"
@@ -388,8 +388,8 @@ class LocalStack:
     def _start(self) -> None:
         import boto3
 
-        from freeinference_batch.local.apigw import ApiGatewayServer, routes_from_functions
-        from freeinference_batch.local.moto_server import MotoProcess, MotoServer
+        from freeinference_batch_local.apigw import ApiGatewayServer, routes_from_functions
+        from freeinference_batch_local.moto_server import MotoProcess, MotoServer
 
         self._set_env(self.extra_env)
         template = load_template(self.template_path)
@@ -429,7 +429,7 @@ class LocalStack:
         if os.environ.get("UPSTREAM_BASE_URL"):
             env["UPSTREAM_BASE_URL"] = os.environ["UPSTREAM_BASE_URL"]
         else:
-            from freeinference_batch.local.upstream_sim import UpstreamSimulator
+            from freeinference_batch_local.upstream_sim import UpstreamSimulator
 
             self.upstream = UpstreamSimulator()
             env["UPSTREAM_BASE_URL"] = self.upstream.start(self.host)
@@ -464,7 +464,7 @@ class LocalStack:
         self.api = ApiGatewayServer(routes, host=self.host, port=port)
         self.base_url = self.api.start() + "/v1"
         if self.write_state_file:
-            from freeinference_batch.local.state import write_state
+            from freeinference_batch_local.state import write_state
 
             write_state(self.env, self.base_url, self.state_dir)
             self.sam_env_file = write_sam_env(sam_env_vars(template, resources, self.env), self.state_dir)
@@ -498,7 +498,7 @@ class LocalStack:
             events.register(f"after-call.sqs.{operation}", wake)
 
     def _start_pollers(self, resources: TemplateResources, sqs: Any) -> None:
-        from freeinference_batch.local.pollers import QueuePoller
+        from freeinference_batch_local.pollers import QueuePoller
 
         urls_by_arn = {
             physical["Arn"]: physical["QueueUrl"] for physical in resources.physical.values() if "QueueUrl" in physical
@@ -529,8 +529,9 @@ class LocalStack:
 
     def _start_timers(self) -> None:
         from freeinference_batch import clock
-        from freeinference_batch.local.pollers import ScheduleTimer
         from freeinference_batch.settings import get_settings
+
+        from freeinference_batch_local.pollers import ScheduleTimer
 
         settings = get_settings()
         for spec in self.functions.values():
@@ -587,7 +588,7 @@ class LocalStack:
                 self.moto.stop()
             self.moto = None
         if self._state_written:
-            from freeinference_batch.local.state import remove_state
+            from freeinference_batch_local.state import remove_state
 
             if self.sam_env_file is not None:
                 self.sam_env_file.unlink(missing_ok=True)

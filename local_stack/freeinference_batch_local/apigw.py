@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from freeinference_batch.local.handlers import (
+from freeinference_batch_local.handlers import (
     LAMBDA_INVOKE_PAYLOAD_BYTES,
     LOCAL_ACCOUNT_ID,
     FunctionSpec,

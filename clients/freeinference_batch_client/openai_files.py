@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from freeinference_batch import validation
 from freeinference_batch.catalog import Catalog, load_catalog
-from freeinference_batch.client import encode_json
 from freeinference_batch.errors import BadRequest
 from freeinference_batch.settings import Settings
+from pydantic import BaseModel, Field
+
+from freeinference_batch_client.client import encode_json
 
 DEFAULT_MAX_REQUESTS: int = Settings.model_fields["batch_max_requests"].default
 DEFAULT_MAX_BODY_BYTES: int = Settings.model_fields["batch_max_body_bytes"].default

@@ -1,6 +1,6 @@
 """A Python client for the FreeInference Batch API (`requests`-based, typed with pydantic).
 
-    from freeinference_batch.client import BatchClient
+    from freeinference_batch_client.client import BatchClient
 
     client = BatchClient()                      # FREEINFERENCE_API_KEY / FREEINFERENCE_BASE_URL
     batch = client.create([{"custom_id": "q-1", "body": {"model": "glm-5.3-flash", "messages": [...]}}])

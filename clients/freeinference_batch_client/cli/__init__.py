@@ -1,8 +1,8 @@
-"""`freeinference-batch`: the command line (entry point `freeinference_batch.cli:main`).
+"""`freeinference-batch`: the command line (entry point `freeinference_batch_client.cli:main`).
 
 - `admin ...`  keys, accounts and model load (cli/admin.py), against a deployed stack, the local
   stack or the plain environment;
-- `dev`        runs the local stack in the foreground (freeinference_batch.local.stack);
+- `dev`        runs the local stack in the foreground (freeinference_batch_local.stack);
 - user commands (create, list, results, ...) come from cli/user.py, which registers them on
   `main` with `register(main)` when it exists.
 """
@@ -14,7 +14,7 @@ import importlib.util
 
 import click
 
-from freeinference_batch.cli import admin
+from freeinference_batch_client.cli import admin
 
 
 @click.group(name="freeinference-batch")
@@ -30,11 +30,11 @@ main.add_command(admin.admin)
 def dev() -> None:
     """Run the whole service on this machine (moto, API, workers, schedules, simulated upstream)."""
     # Imported here: the local stack pulls in moto and the handlers, which no other command needs.
-    from freeinference_batch.local.stack import run_local_stack
+    from freeinference_batch_local.stack import run_local_stack
 
     run_local_stack()
 
 
 # User commands live in their own module; register them once it exists.
-if importlib.util.find_spec("freeinference_batch.cli.user") is not None:
-    importlib.import_module("freeinference_batch.cli.user").register(main)
+if importlib.util.find_spec("freeinference_batch_client.cli.user") is not None:
+    importlib.import_module("freeinference_batch_client.cli.user").register(main)

@@ -1,0 +1,3 @@
+from freeinference_batch_client.cli import main
+
+main()

@@ -1,3 +1,0 @@
-from freeinference_batch.cli import main
-
-main()
