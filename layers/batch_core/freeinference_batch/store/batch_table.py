@@ -411,14 +411,16 @@ class BatchTable:
             element["ExpressionAttributeNames"] = names
         return {"Update": element}
 
-    def chain_start_element(self, batch_id: str, model: str, chain: int, head: int, holder: str) -> dict:
-        """A run takes chain `chain`: only at the chain's head, and only while no other run has it.
-        The chain's `runner` is what the batch's `running` count counts (see store/runs.py)."""
+    def chain_start_element(self, batch_id: str, model: str, chain: int, head: int, holder: str,
+                            lease_until: float) -> dict:
+        """A run takes chain `chain`, with a fresh dispatch lease: only at the chain's head, and only
+        while no other run has it. The chain's `runner` is what the batch's `running` counts (see
+        store/runs.py)."""
         return {"Update": {
             "TableName": self.name, "Key": chain_key(batch_id, model, chain),
-            "UpdateExpression": "SET runner = :holder",
+            "UpdateExpression": "SET runner = :holder, lease = :lease",
             "ConditionExpression": "head = :head AND attribute_not_exists(runner)",
-            "ExpressionAttributeValues": values(head=head, holder=holder),
+            "ExpressionAttributeValues": values(head=head, holder=holder, lease=lease_until),
         }}
 
     def chain_move_element(self, batch_id: str, model: str, chain: int, old_head: int, new_head: int,

@@ -107,7 +107,7 @@ class RunWrites:
                 names={"#status": "status"}, in_progress="in_progress", validating="validating", now=int(now), one=1,
             ),
             self.table.chain_start_element(message.batch_id, message.model, message.index % width, message.index,
-                                           holder),
+                                           holder, now + self.settings.batch_dispatch_lease_seconds),
         ]
 
     def settle(self, message: RequestMessage, token: str, now: float, *, status: str, error: dict | None = None,

@@ -18,7 +18,7 @@ from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.dynamo import TransactionFailed, apply_update, transact
+from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, remaining
@@ -151,6 +151,8 @@ class Settler:
                 transact([*self.writes.flush(message.batch_id, meta["account_id"], tally, holder, now,
                                              now + self.settings.batch_dispatch_lease_seconds), *renewals])
                 tally = tally.counted(now)
+            except TransactionConflict:
+                pass  # nothing was written: the tally (and any renewal) waits for the next hand-over
             except TransactionFailed:
                 # Only a sweep that took this run for dead moves the chain under it: stop here. The
                 # claimed request's lease runs out, and the sweep takes it back.
