@@ -50,7 +50,8 @@ def test_a_settle_writes_its_chains_item_and_nothing_else_of_the_lane(harness):
     lanes = BatchTable(harness.settings).get_lanes(batch["id"])
     assert lanes == [{"model": MODEL, "size": 6, "width": WIDTH, "heads": [0, 1, 6, 3],
                       "leases": [before[f"{lane}#{k:05d}"]["lease"] if k != 2 else moved["lease"]
-                                 for k in range(WIDTH)]}]
+                                 for k in range(WIDTH)],
+                      "runners": [None] * WIDTH}]
 
 
 def test_the_sweep_resends_a_moved_chain_from_its_own_item(harness, monkeypatch):
@@ -68,7 +69,7 @@ def test_the_sweep_resends_a_moved_chain_from_its_own_item(harness, monkeypatch)
     assert lane_items(harness, batch["id"])[f"LANE#{MODEL}#00000"]["head"] == WIDTH
     # When the dispatch leases have run out and the sweep runs
     harness.advance_clock(harness.settings.batch_dispatch_lease_seconds + 5)
-    assert run_schedule("sweep") == {"finalized": 0, "resent": WIDTH, "recovered": 0, "interrupted": 0}
+    assert run_schedule("sweep") == {"finalized": 0, "resent": WIDTH, "recovered": 0, "interrupted": 0, "counted": 0}
     # Then chain 0 gets the message of where its item stands (request 4), the others their first
     assert sorted(position_of(m) for m in take_messages(harness)) == [1, 2, 3, 4]
 
@@ -81,8 +82,8 @@ def test_chain_items_belong_to_their_own_lane_when_one_model_id_begins_another(h
                      *table.lane_items("batch_lanes", "glm-x", [1, 3], 8, 200.0, 0)])
     # When the lanes are read, then each has its own chains, in chain order
     assert sorted(table.get_lanes("batch_lanes"), key=lambda lane: lane["model"]) == [
-        {"model": "glm", "size": 3, "width": 2, "heads": [0, 1], "leases": [100.0, 100.0]},
-        {"model": "glm-x", "size": 2, "width": 8, "heads": [0, 1], "leases": [200.0, 200.0]},
+        {"model": "glm", "size": 3, "width": 2, "heads": [0, 1], "leases": [100.0, 100.0], "runners": [None, None]},
+        {"model": "glm-x", "size": 2, "width": 8, "heads": [0, 1], "leases": [200.0, 200.0], "runners": [None, None]},
     ]
     # And renewing a chain moves only that chain's lease, and only while it stands at that head
     assert table.set_lane_lease("batch_lanes", "glm", 1, 1, 150.0)
@@ -90,6 +91,6 @@ def test_chain_items_belong_to_their_own_lane_when_one_model_id_begins_another(h
     # And a chain the lane does not have is not created by a renewal
     assert not table.set_lane_lease("batch_lanes", "glm-x", 5, 5, 300.0)
     assert sorted(table.get_lanes("batch_lanes"), key=lambda lane: lane["model"]) == [
-        {"model": "glm", "size": 3, "width": 2, "heads": [0, 1], "leases": [100.0, 150.0]},
-        {"model": "glm-x", "size": 2, "width": 8, "heads": [0, 1], "leases": [200.0, 200.0]},
+        {"model": "glm", "size": 3, "width": 2, "heads": [0, 1], "leases": [100.0, 150.0], "runners": [None, None]},
+        {"model": "glm-x", "size": 2, "width": 8, "heads": [0, 1], "leases": [200.0, 200.0], "runners": [None, None]},
     ]

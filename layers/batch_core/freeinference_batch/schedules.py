@@ -9,9 +9,12 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.store.runs import RunWrites, Tally
 
 # A batch still open this long after its window closed means something is stuck: alarm on it.
 PAST_WINDOW_GRACE_SECONDS = 3600
+# How many of a chain's requests past its head the sweep reads at once when counting a dead run's.
+READ_AHEAD = 32
 
 
 def expire(settings: Settings) -> dict:
@@ -32,11 +35,14 @@ def expire(settings: Settings) -> dict:
 
 
 def sweep(settings: Settings) -> dict:
-    """Finish what crashes leave behind: chains whose message was lost, requests whose worker
-    died while running them, batches whose last request settled without finalizing them."""
+    """Finish what crashes leave behind: requests a dead run settled but did not count, requests
+    whose worker died while running them, chains whose run died or whose message was lost, and
+    batches whose last request settled without finalizing them. Only chains whose dispatch lease
+    ran out are looked at: a live run renews it whenever it counts (store/runs.py)."""
     table = BatchTable(settings)
+    writes = RunWrites(settings, table)
     now = clock.now(settings.clock_offset_file)
-    counts = {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0}
+    counts = {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0}
     for item in table.open_batches():
         meta = table.get_meta(batch_id_of(item))
         if meta is None or lifecycle.is_final(meta["status"]):
@@ -44,42 +50,97 @@ def sweep(settings: Settings) -> dict:
         if lifecycle.try_finalize(settings, table, meta, now):
             counts["finalized"] += 1
             continue
-        stopped_runs = counts["recovered"] + counts["interrupted"]
+        changed = counts["recovered"] + counts["interrupted"] + counts["counted"]
         for lane in table.get_lanes(meta["id"]):
-            _sweep_lane(settings, table, meta, lane, now, counts)
-        if counts["recovered"] + counts["interrupted"] > stopped_runs:  # maybe the last that ran
+            _sweep_lane(settings, table, writes, meta, lane, now, counts)
+        if counts["recovered"] + counts["interrupted"] + counts["counted"] > changed:  # maybe the last
             fresh = table.get_meta(meta["id"])
             if fresh is not None and lifecycle.try_finalize(settings, table, fresh, now):
                 counts["finalized"] += 1
     return counts
 
 
-def _sweep_lane(settings: Settings, table: BatchTable, meta: dict, lane: dict, now: float, counts: dict) -> None:
+def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: dict, lane: dict, now: float,
+                counts: dict) -> None:
     positions: list[int] | None = None
-    for head, lease in zip(lane["heads"], lane["leases"], strict=True):
-        if head >= lane["size"] or lease > now:
+    width, size = lane["width"], lane["size"]
+    for chain, (head, lease, runner) in enumerate(zip(lane["heads"], lane["leases"], lane["runners"], strict=True)):
+        if lease > now or (head >= size and not runner):
             continue
         positions = positions or table.get_lane_positions(meta["id"], lane["model"])
+        counted = _count_settled(table, writes, meta, lane, head, runner, positions, now)
+        if counted is None:
+            continue  # the chain moved meanwhile: its run is alive after all
+        if counted > head:
+            counts["counted"] += (counted - head) // width
+            head = counted
+        if head >= size:
+            if runner and _stop_chain(writes, meta, lane, chain, runner):
+                counts["recovered"] += 1
+            continue
         position = positions[head]
         state = table.get_request(meta["id"], position)
         if state and state["status"] == "running":
             if state.get("lease_until", 0) > now:
                 continue
-            if int(state.get("attempts", 0)) >= settings.batch_max_attempts:
-                # Every run of it died (say, the worker ran out of memory on it): stop here,
-                # or it would take a worker down, and every request beside it, forever.
-                if _fail_interrupted(settings, table, meta, lane, head, position, state, now):
-                    counts["interrupted"] += 1
-                    _send_next(settings, table, meta, lane, head + lane["width"], positions, now, counts)
+            interrupted = int(state.get("attempts", 0)) >= settings.batch_max_attempts
+            if not _take_back(writes, table, meta, lane, head, position, state, runner, now, interrupted):
                 continue
-            if not _take_back(settings, table, meta, position, state):
-                continue
-            counts["recovered"] += 1
+            if interrupted:
+                counts["interrupted"] += 1
+                head += width
+            else:
+                counts["recovered"] += 1
         elif state and state["status"] == "queued" and state.get("lease_until", 0) > now:
             continue
-        elif state and state["status"] not in ("queued", "running"):
-            continue  # settled; the chain moved on in the same transaction
+        elif runner:
+            # The run died between two requests (its last settled, its next not claimed).
+            if not _stop_chain(writes, meta, lane, chain, runner):
+                continue
+            counts["recovered"] += 1
         _send_next(settings, table, meta, lane, head, positions, now, counts)
+
+
+def _count_settled(table: BatchTable, writes: RunWrites, meta: dict, lane: dict, head: int, runner: str | None,
+                   positions: list[int], now: float) -> int | None:
+    """Count the requests a dead run settled past its chain's head, moving the head past them
+    (conditional on the head as read, as a live run's flush is): the chain's head afterwards, or
+    None when the chain moved meanwhile."""
+    width, size = lane["width"], lane["size"]
+    tally = Tally(lane["model"], width, head, now)
+    index, done = head, False
+    while index < size and not done:
+        looked = list(range(index, size, width))[:READ_AHEAD]
+        outcomes = table.get_outcomes(meta["id"], [positions[i] for i in looked])
+        for looked_index in looked:
+            status, cost = outcomes.get(positions[looked_index], ("queued", 0))
+            if status in ("queued", "running"):
+                done = True
+                break
+            tally.add(status, cost)
+            index = looked_index + width
+    if not tally.settled:
+        return head
+    try:
+        transact(writes.flush(meta["id"], meta["account_id"], tally, runner, now, now))
+    except TransactionFailed:
+        return None
+    logger.warning("counted requests a stopped run had settled", extra={"batch_id": meta["id"],
+                                                                      "requests": tally.settled})
+    return tally.next_head
+
+
+def _stop_chain(writes: RunWrites, meta: dict, lane: dict, chain: int, runner: str) -> bool:
+    """A run died holding the chain but no request: the chain is free again, one running fewer."""
+    leases = Leases(writes.settings)
+    try:
+        transact([*writes.stop_chain(meta["id"], lane["model"], chain, runner),
+                  leases.release_element(model_slots_key(lane["model"]), runner),
+                  leases.release_element(account_slots_key(meta["account_id"]), runner)])
+    except TransactionFailed:
+        return False
+    logger.warning("freed the chain of a run that stopped", extra={"batch_id": meta["id"], "chain": chain})
+    return True
 
 
 def _send_next(settings: Settings, table: BatchTable, meta: dict, lane: dict, head: int, positions: list[int],
@@ -96,57 +157,43 @@ def _send_next(settings: Settings, table: BatchTable, meta: dict, lane: dict, he
         logger.info("re-sent a lost request message", extra={"batch_id": meta["id"], "position": positions[head]})
 
 
-def _take_back(settings: Settings, table: BatchTable, meta: dict, position: int, state: dict) -> bool:
-    """A worker died while running this request: back to queued, its slots released, the batch's
-    running count down. Conditional on the dead run's claim, so a late settle cannot also count."""
-    leases = Leases(settings)
+def _take_back(writes: RunWrites, table: BatchTable, meta: dict, lane: dict, head: int, position: int, state: dict,
+               runner: str | None, now: float, interrupted: bool) -> bool:
+    """A worker died while running this request: back to queued, or, when every run of it died
+    (say, the worker ran out of memory on it), failed with `run_interrupted` and counted, its
+    chain moving past it; or it would take a worker down, and every request beside it, forever.
+    Its slots are released and its run's chain freed (one running fewer). Conditional on the dead
+    run's claim, so a late settle cannot also count."""
+    leases = Leases(writes.settings)
     claim = state.get("claim", "")
     holder = state.get("slot_holder", claim)
-    elements = [
-        table.request_update_element(
-            meta["id"], position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
-            "#status = :running AND claim = :claim", names={"#status": "status"},
-            queued="queued", running="running", claim=claim, zero=0),
-        table.meta_update_element(meta["id"], "ADD running :minus_one", minus_one=-1),
-        leases.release_element(model_slots_key(state.get("model", "")), holder),
-        leases.release_element(account_slots_key(meta["account_id"]), holder),
-    ]
-    try:
-        transact(elements)
-    except TransactionFailed:
-        return False
-    logger.warning("took back a request whose worker stopped", extra={"batch_id": meta["id"], "position": position})
-    return True
-
-
-def _fail_interrupted(settings: Settings, table: BatchTable, meta: dict, lane: dict, head: int, position: int,
-                      state: dict, now: float) -> bool:
-    """A request whose every attempt died mid-run fails (`run_interrupted`), its slots are
-    released and its chain moves on. Conditional on the dead run's claim, like a take-back."""
-    leases = Leases(settings)
-    claim = state.get("claim", "")
-    holder = state.get("slot_holder", claim)
-    attempts = int(state.get("attempts", 0))
-    error = {"code": "run_interrupted",
-             "message": f"Each of the request's {attempts} runs stopped before it finished "
-                        "(the worker running it failed); it is not tried again"}
-    elements = [
-        table.request_update_element(
+    if runner is not None and runner != holder:
+        return False  # another run has the chain: not this request's dead run
+    if interrupted:
+        attempts = int(state.get("attempts", 0))
+        error = {"code": "run_interrupted",
+                 "message": f"Each of the request's {attempts} runs stopped before it finished "
+                            "(the worker running it failed); it is not tried again"}
+        request = table.request_update_element(
             meta["id"], position, "SET #status = :failed, #error = :error, finished_at = :now "
             "REMOVE claim, slot_holder, lease_until", "#status = :running AND claim = :claim",
             names={"#status": "status", "#error": "error"}, failed="failed", error=error, now=int(now),
-            running="running", claim=claim),
-        table.meta_update_element(meta["id"], "ADD running :minus_one, failed :one", minus_one=-1, one=1),
-        leases.release_element(model_slots_key(lane["model"]), holder),
-        leases.release_element(account_slots_key(meta["account_id"]), holder),
-        table.lane_update_element(meta["id"], lane["model"], head % lane["width"], head + lane["width"], now),
-    ]
+            running="running", claim=claim)
+        failed = Tally(lane["model"], lane["width"], head, now, failed=1)
+        chain = writes.flush(meta["id"], meta["account_id"], failed, runner, now, now, stop=runner is not None)
+    else:
+        request = table.request_update_element(
+            meta["id"], position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
+            "#status = :running AND claim = :claim", names={"#status": "status"},
+            queued="queued", running="running", claim=claim, zero=0)
+        chain = writes.stop_chain(meta["id"], lane["model"], head % lane["width"], runner) if runner else []
     try:
-        transact(elements)
+        transact([request, *chain, leases.release_element(model_slots_key(lane["model"]), holder),
+                  leases.release_element(account_slots_key(meta["account_id"]), holder)])
     except TransactionFailed:
         return False
-    logger.warning("failed a request whose every run was interrupted", extra={"batch_id": meta["id"],
-                                                                           "position": position})
+    done = "failed a request whose every run was interrupted" if interrupted else "took back a stopped run's request"
+    logger.warning(done, extra={"batch_id": meta["id"], "position": position})
     return True
 
 

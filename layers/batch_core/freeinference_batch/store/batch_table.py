@@ -8,7 +8,7 @@ Items of one batch share the partition `BATCH#<id>`:
 | `META` | create, then every state change | owner, status, timestamps, counters, cost (nano-USD), metadata |
 | `IN#00000` | create (immutable) | a run of consecutive requests (`input_chunks.py`); S3 when too big |
 | `LANE#<model>` | create (immutable) | the lane's model, size (requests) and width (chains) |
-| `LANE#<model>#00003` | create, chain 3's settles, renewals | chain 3's head (next request's index), dispatch lease |
+| `LANE#<model>#00003` | create, chain 3's runs | chain 3's head (the first request not counted), lease, runner |
 | `LANEPOS#<model>` | create (immutable) | the lane's request positions, delta-encoded and compressed |
 | `REQ#000000042` | when a request first runs | status, attempts, last error, response (compressed; S3 when large) |
 
@@ -268,6 +268,7 @@ class BatchTable:
             ordered = [chain for _, chain in sorted(chains.get(model, {}).items())]
             lane["heads"] = [chain["head"] for chain in ordered]
             lane["leases"] = [chain["lease"] for chain in ordered]
+            lane["runners"] = [chain.get("runner") for chain in ordered]
         return list(lanes.values())
 
     def get_request(self, batch_id: str, position: int) -> dict | None:
@@ -410,13 +411,50 @@ class BatchTable:
             element["ExpressionAttributeNames"] = names
         return {"Update": element}
 
-    def lane_update_element(self, batch_id: str, model: str, slot: int, head: int, lease_until: float) -> dict:
-        """Move chain `slot` of the lane to `head`, its dispatch lease to `lease_until`."""
+    def chain_start_element(self, batch_id: str, model: str, chain: int, head: int, holder: str,
+                            lease_until: float) -> dict:
+        """A run takes chain `chain`, with a fresh dispatch lease: only at the chain's head, and only
+        while no other run has it. The chain's `runner` is what the batch's `running` counts (see
+        store/runs.py)."""
         return {"Update": {
-            "TableName": self.name, "Key": chain_key(batch_id, model, slot),
-            "UpdateExpression": "SET head = :head, lease = :lease",
-            "ExpressionAttributeValues": values(head=head, lease=lease_until),
+            "TableName": self.name, "Key": chain_key(batch_id, model, chain),
+            "UpdateExpression": "SET runner = :holder, lease = :lease",
+            "ConditionExpression": "head = :head AND attribute_not_exists(runner)",
+            "ExpressionAttributeValues": values(head=head, holder=holder, lease=lease_until),
         }}
+
+    def chain_move_element(self, batch_id: str, model: str, chain: int, old_head: int, new_head: int,
+                           lease_until: float, *, runner: str | None = None, stop: bool = False) -> dict:
+        """Move chain `chain`'s head (its watermark: every request before it is settled and counted)
+        from `old_head` to `new_head`, with a fresh dispatch lease. `runner`: only while that run
+        has the chain (None: only while no run has it); `stop`: the run gives the chain up."""
+        condition = "head = :old AND " + ("runner = :runner" if runner else "attribute_not_exists(runner)")
+        named: dict[str, Any] = {"old": old_head, "new": new_head, "lease": lease_until}
+        if runner:
+            named["runner"] = runner
+        return {"Update": {
+            "TableName": self.name, "Key": chain_key(batch_id, model, chain),
+            "UpdateExpression": "SET head = :new, lease = :lease" + (" REMOVE runner" if stop else ""),
+            "ConditionExpression": condition,
+            "ExpressionAttributeValues": values(**named),
+        }}
+
+    def chain_stop_element(self, batch_id: str, model: str, chain: int, runner: str) -> dict:
+        """The sweep gives up the chain of a run that died (its head stays)."""
+        return {"Update": {
+            "TableName": self.name, "Key": chain_key(batch_id, model, chain),
+            "UpdateExpression": "REMOVE runner",
+            "ConditionExpression": "runner = :runner",
+            "ExpressionAttributeValues": values(runner=runner),
+        }}
+
+    def get_outcomes(self, batch_id: str, positions: list[int]) -> dict[int, tuple[str, int]]:
+        """(status, cost) of those of the given requests that have a state: what counting them needs,
+        without their responses."""
+        found = batch_get({self.name: {"Keys": [request_key(batch_id, p) for p in positions], "ConsistentRead": True,
+                                       "ProjectionExpression": "sk, #status, cost_nano",
+                                       "ExpressionAttributeNames": {"#status": "status"}}})
+        return {int(item["sk"][4:]): (item["status"], int(item.get("cost_nano", 0))) for item in found[self.name]}
 
     def set_lane_lease(self, batch_id: str, model: str, slot: int, head: int, lease_until: float) -> bool:
         """Renew one chain's dispatch lease, only if the chain still stands at `head` (a chain that

@@ -116,6 +116,18 @@ def transact(elements: list[dict], *, attempts: int = 6) -> None:
             time.sleep(random.uniform(0, 0.02 * 2**attempt))
 
 
+def apply_update(element: dict) -> bool:
+    """One transaction `Update` element, written alone (a plain UpdateItem, half a transaction's
+    write units); False when its condition does not hold."""
+    try:
+        aws.dynamodb().update_item(**element["Update"])
+        return True
+    except ClientError as error:
+        if is_conditional_failure(error):
+            return False
+        raise
+
+
 def batch_write(table: str, puts: Iterable[dict] = (), deletes: Iterable[dict] = ()) -> None:
     """BatchWriteItem in runs of 25, re-sending whatever DynamoDB leaves unprocessed."""
     requests = [{"PutRequest": {"Item": item}} for item in puts]

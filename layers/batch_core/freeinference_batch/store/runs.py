@@ -1,24 +1,83 @@
-"""The writes of a request's run, as transaction elements: claim it, count it running, settle
-it, count it settled. The worker composes them into its claim, hand-over and settle
-transactions (`worker/`); only this module knows their expressions.
+"""The writes of a request's run, as transaction elements: claim it, settle it, and count what a
+chain's run has settled. The worker composes them into its claim, hand-over and leave writes
+(`worker/`); only this module knows their expressions.
 
-Every write of a run is conditional on the run's claim token (or, for a claim, on the request
-being queued), so a duplicate delivery or a run that lost its claim never counts anything twice.
+Counting is batched by a watermark. A chain's run settles each request with one conditional
+write of the request alone, and counts what it settled (the batch's counters and cost, the day's
+usage) in one transaction that also moves the chain's head past those requests, conditional on
+the head it started from: every `FLUSH_EVERY_REQUESTS` requests, every `FLUSH_SECONDS`, and when
+the run gives the chain up. So a request is counted exactly when its chain's head passes it: a
+run that dies leaves settled requests beyond the head, which the sweep counts the same way
+(schedules.py), and no request is ever counted twice whoever moves the head first.
+
+A batch's `running` counts the chains a run has (the chain item's `runner`), not requests: it
+goes up with a run's first claim and down when the run gives the chain up, both in the same
+transaction as the chain's `runner`, so a batch whose `running` is 0 has every settled request
+counted, and a final status never sees its counts change.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from freeinference_batch import clock
 from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.settings import Settings
+from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable
 
 # The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
 STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
+# How many settled requests, or how long, a run keeps uncounted. A batch's counts, and the day's
+# usage the quota reads, lag its settled requests by at most this much per running chain.
+FLUSH_EVERY_REQUESTS = 16
+FLUSH_SECONDS = 20.0
+
+
+@dataclass
+class Tally:
+    """What a chain's run has settled and not yet counted: `settled` requests from `head` (the
+    chain item's head as last written) on, one lane width apart."""
+
+    model: str
+    width: int
+    head: int
+    since: float  # when the head was last written
+    completed: int = 0
+    failed: int = 0
+    cost_nano: int = 0
+
+    @property
+    def chain(self) -> int:
+        return self.head % self.width
+
+    @property
+    def settled(self) -> int:
+        return self.completed + self.failed
+
+    @property
+    def next_head(self) -> int:
+        return self.head + self.settled * self.width
+
+    def add(self, status: str, cost_nano: int) -> None:
+        if status == "completed":
+            self.completed += 1
+        else:
+            self.failed += 1
+        self.cost_nano += cost_nano
+
+    def due(self, now: float) -> bool:
+        return self.settled >= FLUSH_EVERY_REQUESTS or now - self.since >= FLUSH_SECONDS
+
+    def counted(self, now: float) -> Tally:
+        """The tally once a flush has counted this one."""
+        return Tally(self.model, self.width, self.next_head, now)
 
 
 class RunWrites:
-    def __init__(self, table: BatchTable) -> None:
+    def __init__(self, settings: Settings, table: BatchTable) -> None:
+        self.settings = settings
         self.table = table
 
     def claim(self, message: RequestMessage, token: str, holder: str, now: float, lease_until: float,
@@ -36,14 +95,20 @@ class RunWrites:
             lease=lease_until, now=int(now), ttl=ttl, model=message.model, index=message.index,
         )
 
-    def count_started(self, batch_id: str, now: float) -> dict:
-        """The batch runs one more request (and is in progress), if it still starts requests."""
-        return self.table.meta_update_element(
-            batch_id,
-            "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
-            f"{STARTS_REQUESTS} AND expires_at > :now",
-            names={"#status": "status"}, in_progress="in_progress", validating="validating", now=int(now), one=1,
-        )
+    def start_chain(self, message: RequestMessage, meta: dict, holder: str, now: float) -> list[dict]:
+        """A run takes the message's chain, at its head, and the batch counts one more running
+        (and is in progress), if it still starts requests."""
+        width = meta["lane_widths"][message.model]
+        return [
+            self.table.meta_update_element(
+                message.batch_id,
+                "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
+                f"{STARTS_REQUESTS} AND expires_at > :now",
+                names={"#status": "status"}, in_progress="in_progress", validating="validating", now=int(now), one=1,
+            ),
+            self.table.chain_start_element(message.batch_id, message.model, message.index % width, message.index,
+                                           holder, now + self.settings.batch_dispatch_lease_seconds),
+        ]
 
     def settle(self, message: RequestMessage, token: str, now: float, *, status: str, error: dict | None = None,
                stored: dict | None = None, cost_nano: int = 0, lease_until: float | None = None) -> dict:
@@ -75,36 +140,44 @@ class RunWrites:
             message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}",
             "#status = :running AND claim = :token", names=names, **named)
 
-    def count_settled(self, batch_id: str, status: str, cost_nano: int = 0) -> dict:
-        """The batch runs one request fewer: counted completed or failed unless it is queued again,
-        and charged its cost."""
-        counter = {"completed": "completed :one, ", "failed": "failed :one, "}.get(status, "")
-        named: dict[str, Any] = {"minus_one": -1}
-        if counter:
-            named["one"] = 1
-        if cost_nano:
-            named["cost"] = cost_nano
-        return self.table.meta_update_element(
-            batch_id, f"ADD {counter}running :minus_one" + (", cost_nano :cost" if cost_nano else ""), **named)
+    def flush(self, batch_id: str, account_id: str, tally: Tally, runner: str | None, now: float,
+              lease_until: float, *, stop: bool = False) -> list[dict]:
+        """Count the tally's requests and move the chain's head past them, conditional on the head
+        the tally starts from and on `runner` having the chain. `stop`: the run gives the chain up,
+        and the batch counts one running fewer."""
+        elements = [self.table.chain_move_element(batch_id, tally.model, tally.chain, tally.head, tally.next_head,
+                                                  lease_until, runner=runner, stop=stop)]
+        counters = [f"{name} :{name}" for name, value in (("completed", tally.completed), ("failed", tally.failed),
+                                                          ("cost_nano", tally.cost_nano)) if value]
+        named: dict[str, Any] = {name: getattr(tally, name) for name in ("completed", "failed", "cost_nano")
+                                 if getattr(tally, name)}
+        if stop:
+            counters.append("running :minus_one")
+            named["minus_one"] = -1
+        if counters:
+            elements.append(self.table.meta_update_element(batch_id, "ADD " + ", ".join(counters), **named))
+        if tally.cost_nano:
+            elements.append(accounts_table.add_usage_element(self.settings, account_id, tally.cost_nano,
+                                                             clock.utc_day(now), int(now)))
+        return elements
 
-    def count_handed_over(self, batch_id: str, status: str, cost_nano: int, now: float) -> dict:
-        """A hand-over's count: one request settled (completed or failed) and the next one running in
-        its place, so `running` stays; only while the batch still starts requests."""
-        counter = "completed" if status == "completed" else "failed"
-        return self.table.meta_update_element(
-            batch_id, f"ADD {counter} :one" + (", cost_nano :cost" if cost_nano else ""),
-            f"{STARTS_REQUESTS} AND expires_at > :now", names={"#status": "status"},
-            one=1, validating="validating", in_progress="in_progress", now=int(now),
-            **({"cost": cost_nano} if cost_nano else {}))
+    def stop_chain(self, batch_id: str, model: str, chain: int, runner: str) -> list[dict]:
+        """The sweep gives up the chain of a run that died: one running fewer."""
+        return [self.table.chain_stop_element(batch_id, model, chain, runner),
+                self.table.meta_update_element(batch_id, "ADD running :minus_one", minus_one=-1)]
 
-    def fail_unrun(self, message: RequestMessage, error: dict, now: float, ttl: int) -> list[dict]:
-        """A request that can never run fails without a claim, and counts as failed."""
+    def fail_unrun(self, message: RequestMessage, meta: dict, error: dict, now: float) -> list[dict]:
+        """A request that can never run fails without a claim, counted at once (no run has its
+        chain: it moves past it)."""
+        width = meta["lane_widths"][message.model]
         return [
             self.table.request_update_element(
                 message.batch_id, message.position,
                 "SET #status = :failed, #error = :error, finished_at = :now, #ttl = :ttl",
                 "attribute_not_exists(pk) OR #status = :queued",
                 names={"#status": "status", "#error": "error", "#ttl": "ttl"},
-                failed="failed", error=error, now=int(now), ttl=ttl, queued="queued"),
+                failed="failed", error=error, now=int(now), ttl=meta["ttl"], queued="queued"),
             self.table.meta_update_element(message.batch_id, "ADD failed :one", one=1),
+            self.table.chain_move_element(message.batch_id, message.model, message.index % width, message.index,
+                                          message.index + width, now + self.settings.batch_dispatch_lease_seconds),
         ]

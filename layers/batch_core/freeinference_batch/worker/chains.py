@@ -46,13 +46,6 @@ class Chains:
             return None
         return message.model_copy(update={"index": index, "position": positions[index], "waiting_since": None})
 
-    def advance_element(self, message: RequestMessage, meta: dict, now: float) -> dict:
-        """The chain moves on past the message's request (written with the request's final state),
-        with a fresh dispatch lease for the next."""
-        return self.table.lane_update_element(message.batch_id, message.model, chain_of(message, meta),
-                                              message.index + meta["lane_widths"][message.model],
-                                              now + self.settings.batch_dispatch_lease_seconds)
-
     def renew_dispatch_lease(self, message: RequestMessage, meta: dict, until: float) -> None:
         """Tell the sweep the chain standing at this request is alive (it waits), so it sends no duplicate."""
         self.table.set_lane_lease(message.batch_id, message.model, chain_of(message, meta), message.index, until)

@@ -13,7 +13,7 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, new_holder
-from freeinference_batch.store.runs import RunWrites
+from freeinference_batch.store.runs import RunWrites, Tally
 from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiting_since
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
@@ -21,6 +21,8 @@ from freeinference_batch.worker.waiting import WaitingRoom
 
 # How long a chain waits when its owner's account has lost batch access, before it looks again.
 ACCESS_WAIT_SECONDS = 60.0
+# How long a message waits when another run has its chain (or a dead run's chain awaits the sweep).
+CHAIN_BUSY_WAIT_SECONDS = (5.0, 10.0)
 
 
 class Claims:
@@ -80,7 +82,7 @@ class Claims:
         waiting_as = waiter_id(message, meta)
         claim = [
             self.writes.claim(message, token, holder, now, now + self.settings.lease_seconds, meta["ttl"]),
-            self.writes.count_started(message.batch_id, now),
+            *self.writes.start_chain(message, meta, holder, now),
             *(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
                                           stop_waiting=waiting_as if waiting_as in (item or {}).get("waiters", {})
                                           else None)
@@ -93,12 +95,17 @@ class Claims:
                 return self._duplicate(message, now)
             if failure.failed(1):
                 return Parked(0)  # the batch changed (cancelled, expired...): look again
+            if failure.failed(2):
+                # Another run has the chain (this is a duplicate of its message, or it is between
+                # two requests), or a run died with it and the sweep has yet to count its requests.
+                logger.info("chain busy: waiting", extra=log)
+                return Parked(random.uniform(*CHAIN_BUSY_WAIT_SECONDS))
             # Someone took the slot since the read.
-            full = 2 if failure.failed(2) else 3
-            slots_key, _, capacity = slots[full - 2]
+            slots_key, _, capacity = slots[0 if failure.failed(3) else 1]
             return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
         metric("QueueWait", max(0.0, now - sent), "Seconds")
-        return Claimed(message, meta, token, holder, has_record=True, capacity=verdict.capacity,
+        tally = Tally(message.model, meta["lane_widths"][message.model], head=message.index, since=now)
+        return Claimed(message, meta, token, holder, has_record=True, tally=tally, capacity=verdict.capacity,
                        backoff=gates.backoff)
 
     def _duplicate(self, message: RequestMessage, now: float) -> Done | Parked:
@@ -118,8 +125,7 @@ class Claims:
     def _fail_unrun(self, message: RequestMessage, meta: dict, now: float, error: dict) -> Done:
         """A request that can never run (its model left the catalog) fails without a claim."""
         try:
-            transact([*self.writes.fail_unrun(message, error, now, meta["ttl"]),
-                      self.chains.advance_element(message, meta, now)])
+            transact(self.writes.fail_unrun(message, meta, error, now))
         except TransactionFailed:
             return Done()
         self.chains.continue_chain(message, self.chains.following(message, meta), now)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from freeinference_batch import model_backoff
 from freeinference_batch.observability import metrics
 from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.store.runs import Tally
 
 _metrics_lock = threading.Lock()
 
@@ -45,6 +46,8 @@ class Claimed:
     holder: str
     # False for a request claimed by a hand-over: the SQS record in hand belongs to an earlier one.
     has_record: bool
+    # What the chain's run has settled and not yet counted (store/runs.py).
+    tally: Tally
     # The model's batch capacity and backoff as the claim's gates read them (model_backoff.py).
     capacity: int = 0
     backoff: model_backoff.Backoff | None = None

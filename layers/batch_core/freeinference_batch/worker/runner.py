@@ -60,7 +60,7 @@ class Worker:
         self.table = BatchTable(settings)
         self.leases = leases = Leases(settings)
         catalog = load_catalog(settings.model_catalog_path)
-        writes = RunWrites(self.table)
+        writes = RunWrites(settings, self.table)
         chains = Chains(settings, self.table)
         self.gates = Gatekeeper(settings, self.table, catalog)
         self.waiting = WaitingRoom(settings, leases, chains)

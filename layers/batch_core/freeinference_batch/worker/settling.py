@@ -11,15 +11,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from freeinference_batch import clock, dispatch, upstream
+from freeinference_batch import dispatch, upstream
 from freeinference_batch.catalog import Catalog
 from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
-from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, remaining
@@ -56,9 +55,10 @@ class Settler:
         attempts = int(state.get("attempts", 1)) if state else 1
         if outcome.kind == "retry" and attempts < self.settings.batch_max_attempts:
             delay = self._retry_delay(attempts, outcome.retry_after)
-            requeued = self._transact_settle(claimed, now, status="queued", error=outcome.error,
-                                             lease_until=now + delay + self.settings.batch_dispatch_lease_seconds)
-            if not requeued:
+            lease_until = now + delay + self.settings.batch_dispatch_lease_seconds
+            settle = self.writes.settle(message, token, now, status="queued", error=outcome.error,
+                                        lease_until=lease_until)
+            if not self._leave(claimed, now, settle, lease_until):
                 return Done()
             metric("RequestsRetried")
             logger.info("request will be retried", extra={**log, "attempt": attempts, "delay": round(delay, 2),
@@ -70,29 +70,31 @@ class Settler:
             dispatch.send(self.settings, [message], delay_seconds=min(900, round(delay)))
             return Done()
 
-        settle: dict[str, Any]
+        settled: dict[str, Any]
         if outcome.kind == "completed":
             assert outcome.response is not None
             prompt, completion = upstream.usage_of(outcome.response["body"])
             cost = self.catalog.models[message.model].cost_nano(prompt, completion)
             # Stored once (compressed, or in S3), whether the hand-over or a plain settle writes it.
             stored = self.table.response_attributes(message.batch_id, message.position, token, outcome.response)
-            settle = {"status": "completed", "stored": stored, "cost_nano": cost}
+            settled = {"status": "completed", "stored": stored, "cost_nano": cost}
         else:
             metric("RequestsFailed")
-            settle = {"status": "failed", "error": outcome.error}
+            settled = {"status": "failed", "error": outcome.error}
             if outcome.usage:  # the model served it, though its answer cannot be kept
-                settle["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
+                settled["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
 
         following = self.chains.following(message, meta)
         leave = Leave()
         if following is not None and deadline is not None and (
                 deadline - time.monotonic() > self.settings.batch_upstream_timeout_seconds + HANDOVER_MARGIN_SECONDS):
-            handed = self._hand_over(claimed, following, now, settle)
+            handed = self._hand_over(claimed, following, now, settled)
             if not isinstance(handed, Leave):
                 return handed
             leave = handed
-        if not self._transact_settle(claimed, now, **settle):
+        settle = self.writes.settle(message, token, now, **settled)
+        claimed.tally.add(settled["status"], int(settled.get("cost_nano", 0)))
+        if not self._leave(claimed, now, settle, now + self.settings.batch_dispatch_lease_seconds):
             return Done()
         self.crash("after settle")
         # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
@@ -101,14 +103,16 @@ class Settler:
         return Done()
 
     def _hand_over(self, claimed: Claimed, following: RequestMessage, now: float,
-                   settle: dict[str, Any]) -> Claimed | Done | Leave:
-        """Settle this request and claim the chain's next one under the same hold on the slots, in
-        one transaction. Answers the next claim, Done if this run lost its claim, or Leave when the
-        chain must leave the invocation (and settle plainly)."""
-        message, meta, token, holder = claimed.message, claimed.meta, claimed.token, claimed.holder
-        cost = int(settle.get("cost_nano", 0))
+                   settled: dict[str, Any]) -> Claimed | Done | Leave:
+        """Settle this request and claim the chain's next one, under the same hold on the slots and
+        the same run of the chain: a write of each request alone, and now and then a flush of what
+        the run settled (store/runs.py). Answers the next claim, Done when this run lost its claim,
+        or Leave when the chain must leave the invocation (and settle plainly)."""
+        message, meta, token, holder, tally = (claimed.message, claimed.meta, claimed.token, claimed.holder,
+                                               claimed.tally)
+        cost = int(settled.get("cost_nano", 0))
         gates = self.gates.read(following, now)
-        verdict = self.gates.judge(following, gates, now, pending_cost=cost)
+        verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost)
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
             return Leave()  # the next request's own message will meet the gate and act on it
         fresh_meta = gates.meta
@@ -129,29 +133,35 @@ class Settler:
             metric("SlotsYielded")
             return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
 
+        if not apply_update(self.writes.settle(message, token, now, **settled)):
+            logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
+                                                              "position": message.position})
+            return Done()  # the sweep took the request back, and counts what this run settled
+        tally.add(settled["status"], cost)
+        self.crash("between a settle and the next claim")
         next_token = uuid.uuid4().hex
-        elements = [
-            self.writes.settle(message, token, now, **settle),
-            self.writes.count_handed_over(message.batch_id, settle["status"], cost, now),
-            self.chains.advance_element(message, meta, now),
-            self.writes.claim(following, next_token, holder, now, now + self.settings.lease_seconds,
-                              fresh_meta["ttl"]),
-            *renewals,
-        ]
-        if cost:
-            elements.append(accounts_table.add_usage_element(self.settings, meta["account_id"], cost,
-                                                             clock.utc_day(now), int(now)))
-        try:
-            transact(elements)
-        except TransactionFailed as failure:
-            if failure.failed(0):
-                logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
-                                                                  "position": message.position})
+        if not apply_update(self.writes.claim(following, next_token, holder, now, now + self.settings.lease_seconds,
+                                              fresh_meta["ttl"])):
+            # Claimed by a run that is not this chain's (a sweep that took this run for dead):
+            # give the chain up, counting what this run settled; that run goes on with it.
+            self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds)
+            return Done()
+        if renewals or tally.due(now):
+            try:
+                transact([*self.writes.flush(message.batch_id, meta["account_id"], tally, holder, now,
+                                             now + self.settings.batch_dispatch_lease_seconds), *renewals])
+                tally = tally.counted(now)
+            except TransactionConflict:
+                pass  # nothing was written: the tally (and any renewal) waits for the next hand-over
+            except TransactionFailed:
+                # Only a sweep that took this run for dead moves the chain under it: stop here. The
+                # claimed request's lease runs out, and the sweep takes it back.
+                logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
+                                                                "position": following.position})
                 return Done()
-            return Leave()  # the batch stopped, a slot changed or the next request was claimed: settle plainly
         metric("RequestsHandedOver")
-        return Claimed(following, fresh_meta, next_token, holder, has_record=False, capacity=verdict.capacity,
-                       backoff=gates.backoff)
+        return Claimed(following, fresh_meta, next_token, holder, has_record=False, tally=tally,
+                       capacity=verdict.capacity, backoff=gates.backoff)
 
     def _should_yield(self, batch_id: str, holder: str, remaining: int,
                       slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
@@ -165,27 +175,21 @@ class Settler:
                 return True
         return False
 
-    def _transact_settle(self, claimed: Claimed, now: float, *, status: str, error: dict | None = None,
-                         stored: dict | None = None, cost_nano: int = 0, lease_until: float | None = None) -> bool:
-        """Settle and release both slots (a final state also moves the lane's chain on)."""
+    def _leave(self, claimed: Claimed, now: float, settle: dict | None, lease_until: float) -> bool:
+        """The run gives its chain up, in one transaction: the request's settle (if any), the count
+        of everything the run settled and the chain's head moved past it (to the first request not
+        settled, which the retry or the chain's next message starts from), one running fewer, and
+        both slots released. False when the run had lost its claim (or its chain): then the sweep,
+        which took them back, counts for it."""
         message, meta, holder = claimed.message, claimed.meta, claimed.holder
-        elements = [
-            self.writes.settle(message, claimed.token, now, status=status, error=error, stored=stored,
-                               cost_nano=cost_nano, lease_until=lease_until),
-            self.writes.count_settled(message.batch_id, status, cost_nano),
-        ]
-        if cost_nano:
-            elements.append(accounts_table.add_usage_element(self.settings, meta["account_id"], cost_nano,
-                                                             clock.utc_day(now), int(now)))
-        elements.append(self.leases.release_element(model_slots_key(message.model), holder))
-        elements.append(self.leases.release_element(account_slots_key(meta["account_id"]), holder))
-        if status != "queued":
-            elements.append(self.chains.advance_element(message, meta, now))
+        elements = [*([settle] if settle else []),
+                    *self.writes.flush(message.batch_id, meta["account_id"], claimed.tally, holder, now, lease_until,
+                                       stop=True),
+                    self.leases.release_element(model_slots_key(message.model), holder),
+                    self.leases.release_element(account_slots_key(meta["account_id"]), holder)]
         try:
             transact(elements)
         except TransactionFailed:
-            # Our claim was taken back (the lease ran out and recovery re-queued it): the other
-            # run's outcome counts, not ours.
             logger.warning("settle lost its claim", extra={"batch_id": message.batch_id, "position": message.position})
             return False
         return True
