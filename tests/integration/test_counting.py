@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from freeinference_batch import schedules, worker
+from freeinference_batch import accounts, schedules, worker
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.store.runs import FLUSH_SECONDS
+from freeinference_batch.worker.gates import OWNER_REUSE_SECONDS
 
 from tests.integration.conftest import sample_request
 from tests.integration.test_worker import (
@@ -93,3 +94,32 @@ def test_the_sweep_counts_once_what_a_dead_run_settled(harness, upstream, monkey
     assert final["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
     assert attempts(sim, batch["id"], 0) == attempts(sim, batch["id"], 4) == 1
     assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == sum(map(one_cost, contents))
+
+
+def test_a_running_chain_stops_within_the_owner_reuse_window_once_its_key_is_revoked(harness, upstream, monkeypatch):
+    sim, _ = upstream
+    # Given chain 0 of a 16-request batch (requests 0, 4, 8, 12) running on in one invocation,
+    # whose key is revoked while its first request runs
+    batch = harness.create([sample_request(f"q-{n}", f"Revoked {n}") for n in range(16)])
+    real_call = upstream_client.call
+    calls: list[int] = []
+
+    def call_then(*args, **kwargs):
+        calls.append(int(kwargs["request_ref"].rsplit(":", 1)[1]))
+        if len(calls) == 1:
+            assert accounts.revoke_key(harness.settings, harness.key)
+        if len(calls) == 2:  # the owner's items as the run read them are now too old to reuse
+            harness.advance_clock(OWNER_REUSE_SECONDS + 1)
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", call_then)
+    worker.Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD,
+                                            deadline=time.monotonic() + TIME_LEFT)
+    # Then the run reused what it read for one more request, within the window, and no more
+    assert calls == [0, 4]
+    assert attempts(sim, batch["id"], 8) == 0
+    # And the chain's next message fails the batch, every settled request counted once
+    harness.run_until(lambda: meta_of(harness, batch["id"])["status"] == "failed")
+    final = meta_of(harness, batch["id"])
+    assert final["error"]["code"] == "owner_unauthorized"
+    assert (final["completed"], final.get("failed", 0), final["running"]) == (2, 0, 0)

@@ -80,19 +80,16 @@ class RunWrites:
         self.settings = settings
         self.table = table
 
-    def claim(self, message: RequestMessage, token: str, holder: str, now: float, lease_until: float,
-              ttl: int) -> dict:
+    def claim(self, message: RequestMessage, token: str, holder: str, lease_until: float, ttl: int) -> dict:
         """queued -> running (one more attempt) under `token`; it names the slots' holder, which the
         sweep releases should the run die."""
         return self.table.request_update_element(
             message.batch_id, message.position,
-            "SET #status = :running, attempts = if_not_exists(attempts, :zero) + :one, claim = :token, "
-            "slot_holder = :holder, lease_until = :lease, started_at = if_not_exists(started_at, :now), "
-            "#ttl = :ttl, model = :model, lane_index = :index",
+            "SET #status = :running, claim = :token, slot_holder = :holder, lease_until = :lease, #ttl = :ttl "
+            "ADD attempts :one",
             "attribute_not_exists(pk) OR #status = :queued",
             names={"#status": "status", "#ttl": "ttl"},
-            running="running", queued="queued", zero=0, one=1, token=token, holder=holder,
-            lease=lease_until, now=int(now), ttl=ttl, model=message.model, index=message.index,
+            running="running", queued="queued", one=1, token=token, holder=holder, lease=lease_until, ttl=ttl,
         )
 
     def start_chain(self, message: RequestMessage, meta: dict, holder: str, now: float) -> list[dict]:

@@ -81,7 +81,7 @@ class Claims:
         slots_until = now + self.settings.slot_lease_seconds
         waiting_as = waiter_id(message, meta)
         claim = [
-            self.writes.claim(message, token, holder, now, now + self.settings.lease_seconds, meta["ttl"]),
+            self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta["ttl"]),
             *self.writes.start_chain(message, meta, holder, now),
             *(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
                                           stop_waiting=waiting_as if waiting_as in (item or {}).get("waiters", {})

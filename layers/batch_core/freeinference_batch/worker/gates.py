@@ -3,6 +3,7 @@ key, account and day's usage, the model's interactive load, its backoff and both
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from freeinference_batch import accounts, clock, lifecycle, model_backoff
@@ -46,26 +47,50 @@ def slots_as_read(message: RequestMessage, gates: Gates, verdict: Verdict) -> li
             (account_slots_key(message.account_id), gates.account_slots, verdict.owner.concurrency_limit)]
 
 
+# A chain running on re-reads the owner's key, account and day's usage, and the model's backoff,
+# at most this often: they seldom change, while the batch (cancel, expiry, failure), the model's
+# interactive load and the slots (capacity, waiters) are read before every run. So a key revoked,
+# an account disabled or a quota used up stops each running chain within this long (at most one
+# more request per chain at upstream latencies of this much or more), and a cap lowered by
+# another worker's overloaded call reaches it within this long plus one request.
+OWNER_REUSE_SECONDS = 5.0
+
+
 class Gatekeeper:
+    """Reads and judges a chain's gates. One per chain run (a Worker per record), so what it
+    keeps between reads is that chain's own."""
+
     def __init__(self, settings: Settings, table: BatchTable, catalog: Catalog) -> None:
         self.settings = settings
         self.table = table
         self.catalog = catalog
+        self._kept: dict[tuple[str, str], dict | None] = {}
+        self._kept_at = -math.inf
 
-    def read(self, message: RequestMessage, now: float) -> Gates:
+    def read(self, message: RequestMessage, now: float, *, reuse_owner: bool = False) -> Gates:
+        """All the gates, in one BatchGetItem. `reuse_owner`: the owner's and the model's items as
+        read up to OWNER_REUSE_SECONDS ago, if they were (then only the batch, the model's load and
+        the slots are read)."""
         account_id, key_hash = message.account_id, message.key_hash
-        accounts_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
-                         accounts_table.usage_item_key(account_id, clock.utc_day(now)),
-                         accounts_table.load_item_key(message.model), model_slots_key(message.model),
-                         account_slots_key(account_id), accounts_table.backoff_item_key(message.model)]
+        owner_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
+                      accounts_table.usage_item_key(account_id, clock.utc_day(now)),
+                      accounts_table.backoff_item_key(message.model)]
+        fresh_keys = [model_slots_key(message.model), account_slots_key(account_id),
+                      accounts_table.load_item_key(message.model)]
+        names = [(k["pk"]["S"], k["sk"]["S"]) for k in owner_keys]
+        reuse = reuse_owner and now - self._kept_at < OWNER_REUSE_SECONDS and all(n in self._kept for n in names)
+        accounts_keys = fresh_keys if reuse else [*fresh_keys, *owner_keys]
         found = batch_get({
             self.table.name: {"Keys": [meta_key(message.batch_id)], "ConsistentRead": True},
             self.settings.accounts_table_name: {"Keys": accounts_keys, "ConsistentRead": True},
         })
         meta = found[self.table.name][0] if found[self.table.name] else None
         by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
-        key_item, account, usage, load, model_slots, account_slots, backoff = (
-            by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in accounts_keys)
+        if not reuse:
+            self._kept = {name: by_key.get(name) for name in names}
+            self._kept_at = now
+        model_slots, account_slots, load = (by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in fresh_keys)
+        key_item, account, usage, backoff = (self._kept[name] for name in names)
         if meta is not None and (meta["account_id"] != account_id or meta["key_hash"] != key_hash):
             # Messages are ours, but never trust one over the batch it names.
             logger.error("message owner does not match its batch", extra={"batch_id": message.batch_id})

@@ -111,7 +111,7 @@ class Settler:
         message, meta, token, holder, tally = (claimed.message, claimed.meta, claimed.token, claimed.holder,
                                                claimed.tally)
         cost = int(settled.get("cost_nano", 0))
-        gates = self.gates.read(following, now)
+        gates = self.gates.read(following, now, reuse_owner=True)
         verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost)
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
             return Leave()  # the next request's own message will meet the gate and act on it
@@ -140,7 +140,7 @@ class Settler:
         tally.add(settled["status"], cost)
         self.crash("between a settle and the next claim")
         next_token = uuid.uuid4().hex
-        if not apply_update(self.writes.claim(following, next_token, holder, now, now + self.settings.lease_seconds,
+        if not apply_update(self.writes.claim(following, next_token, holder, now + self.settings.lease_seconds,
                                               fresh_meta["ttl"])):
             # Claimed by a run that is not this chain's (a sweep that took this run for dead):
             # give the chain up, counting what this run settled; that run goes on with it.
