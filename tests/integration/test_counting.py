@@ -9,20 +9,26 @@ import time
 import pytest
 from freeinference_batch import accounts, schedules, worker
 from freeinference_batch import upstream as upstream_client
+from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.store.runs import FLUSH_SECONDS
 from freeinference_batch.worker.gates import OWNER_REUSE_SECONDS
 
 from tests.integration.conftest import sample_request
+from tests.integration.test_schedules import position_of, take_messages
 from tests.integration.test_worker import (
     ACCOUNT,
     MODEL,
     NO_RECORD,
     TIME_LEFT,
     attempts,
+    fill_slots,
     message_for,
     meta_of,
+    now,
     one_cost,
+    state_of,
     usage_today,
 )
 from tests.integration.test_worker_faults import expire_leases
@@ -123,3 +129,82 @@ def test_a_running_chain_stops_within_the_owner_reuse_window_once_its_key_is_rev
     final = meta_of(harness, batch["id"])
     assert final["error"]["code"] == "owner_unauthorized"
     assert (final["completed"], final.get("failed", 0), final["running"]) == (2, 0, 0)
+
+
+def test_a_run_whose_slot_renewal_fails_gives_the_chain_up_without_claiming_more(harness, upstream, monkeypatch):
+    sim, _ = upstream
+    # Given chain 0 of a 16-request batch (requests 0, 4, 8, 12), whose hold on the slots runs low
+    # while its second request runs, and whose model's slots fill past its capacity (a cap lowered
+    # under other chains) between the hand-over's read of them and its write
+    batch = harness.create([sample_request(f"q-{n}", f"Renewed {n}") for n in range(16)])
+    run = worker.Worker(harness.settings)
+    real_call, real_read = upstream_client.call, run.gates.read
+    calls: list[int] = []
+
+    def call_then(*args, **kwargs):
+        calls.append(int(kwargs["request_ref"].rsplit(":", 1)[1]))
+        if len(calls) == 2:
+            harness.advance_clock(1.1 * harness.settings.lease_seconds)
+        return real_call(*args, **kwargs)
+
+    def read_then_fill(*args, **kwargs):
+        gates = real_read(*args, **kwargs)
+        if len(calls) == 2:
+            fill_slots(harness, model_slots_key(MODEL), {f"other-{n}": now(harness) + 3600 for n in range(4)})
+        return gates
+
+    monkeypatch.setattr(upstream_client, "call", call_then)
+    monkeypatch.setattr(run.gates, "read", read_then_fill)
+    # When the run hands over after its second request
+    assert isinstance(run.process(message_for(harness, batch["id"], 0), NO_RECORD,
+                                  deadline=time.monotonic() + TIME_LEFT), worker.Done)
+    # Then it claimed nothing more: both settled requests are counted, the chain is free and its
+    # next request waits for a message of its own
+    assert calls == [0, 4] and attempts(sim, batch["id"], 8) == 0
+    assert (state_of(harness, batch["id"], 8) or {}).get("status", "queued") == "queued"
+    meta = meta_of(harness, batch["id"])
+    assert (meta["completed"], meta["running"]) == (2, 0)
+    assert all(holder.startswith("other-") for holder in Leases(harness.settings).holders(model_slots_key(MODEL)))
+    assert 8 in [position_of(m) for m in take_messages(harness)]
+
+
+def test_a_stalled_run_the_sweep_took_for_dead_cannot_claim_the_chain_back(harness, upstream, monkeypatch):
+    sim, _ = upstream
+    # Given a run of chain 0 that stalls between settling request 0 and claiming request 4, for
+    # longer than its chain's dispatch lease, while the sweep runs
+    contents = [f"Stalled {n}" for n in range(8)]
+    batch = harness.create([sample_request(f"q-{n}", text) for n, text in enumerate(contents)])
+    swept: list[dict] = []
+
+    def stall_and_sweep(self, step: str) -> None:
+        if step == "between a settle and the next claim" and not swept:
+            expire_leases(harness)
+            swept.append(schedules.sweep(harness.settings))
+
+    monkeypatch.setattr(worker.Worker, "_maybe_crash", stall_and_sweep)
+    outcome = worker.Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD,
+                                                      deadline=time.monotonic() + TIME_LEFT)
+    # Then the sweep counted request 0, freed the chain and fenced request 4 off from the stalled
+    # run, which then stops without running it
+    assert swept[0]["counted"] == 1 and swept[0]["recovered"] == 1
+    assert isinstance(outcome, worker.Done)
+    assert attempts(sim, batch["id"], 4) == 0
+    meta = meta_of(harness, batch["id"])
+    assert (meta["completed"], meta["running"]) == (1, 0)
+    # And the batch completes from the chain's new message, every request run and counted once
+    monkeypatch.setattr(worker.Worker, "_maybe_crash", lambda self, step: None)
+    final = harness.run_to_final(batch["id"])
+    assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+    assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
+    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == sum(map(one_cost, contents))
+
+
+def test_marking_a_chain_due_leaves_a_chain_a_run_has_alone(harness):
+    # Given a chain a run has taken (as a run's first claim does)
+    batch = harness.create([sample_request(f"q-{n}") for n in range(4)])
+    table = BatchTable(harness.settings)
+    transact([table.chain_start_element(batch["id"], MODEL, 0, 0, "run-1", now(harness) + 600)])
+    # When dispatch marks the chain due (as a create whose messages failed does), then it is left
+    # alone: the sweep must not take a live run's chain over; a chain no run has is marked
+    assert not table.set_lane_lease(batch["id"], MODEL, 0, 0, now(harness))
+    assert table.set_lane_lease(batch["id"], MODEL, 1, 1, now(harness))

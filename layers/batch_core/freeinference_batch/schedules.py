@@ -95,7 +95,7 @@ def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: 
             continue
         elif runner:
             # The run died between two requests (its last settled, its next not claimed).
-            if not _stop_chain(writes, meta, lane, chain, runner):
+            if not _stop_chain(writes, meta, lane, chain, runner, fence_position=position):
                 continue
             counts["recovered"] += 1
         _send_next(settings, table, meta, lane, head, positions, now, counts)
@@ -130,11 +130,12 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: dict, lane: dict,
     return tally.next_head
 
 
-def _stop_chain(writes: RunWrites, meta: dict, lane: dict, chain: int, runner: str) -> bool:
+def _stop_chain(writes: RunWrites, meta: dict, lane: dict, chain: int, runner: str,
+                fence_position: int | None = None) -> bool:
     """A run died holding the chain but no request: the chain is free again, one running fewer."""
     leases = Leases(writes.settings)
     try:
-        transact([*writes.stop_chain(meta["id"], lane["model"], chain, runner),
+        transact([*writes.stop_chain(meta["id"], lane["model"], chain, runner, fence_position),
                   leases.release_element(model_slots_key(lane["model"]), runner),
                   leases.release_element(account_slots_key(meta["account_id"]), runner)])
     except TransactionFailed:

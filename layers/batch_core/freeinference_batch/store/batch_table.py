@@ -457,13 +457,14 @@ class BatchTable:
         return {int(item["sk"][4:]): (item["status"], int(item.get("cost_nano", 0))) for item in found[self.name]}
 
     def set_lane_lease(self, batch_id: str, model: str, slot: int, head: int, lease_until: float) -> bool:
-        """Renew one chain's dispatch lease, only if the chain still stands at `head` (a chain that
-        does not exist fails the condition too: nothing is created)."""
+        """Renew one chain's dispatch lease, only if the chain still stands at `head` and no run has
+        it (a run keeps its own lease; a chain that does not exist fails the condition too: nothing
+        is created)."""
         try:
             aws.dynamodb().update_item(
                 TableName=self.name, Key=chain_key(batch_id, model, slot),
                 UpdateExpression="SET lease = :lease",
-                ConditionExpression="head = :head",
+                ConditionExpression="head = :head AND attribute_not_exists(runner)",
                 ExpressionAttributeValues=values(head=head, lease=lease_until),
             )
             return True

@@ -87,7 +87,7 @@ class RunWrites:
             message.batch_id, message.position,
             "SET #status = :running, claim = :token, slot_holder = :holder, lease_until = :lease, #ttl = :ttl "
             "ADD attempts :one",
-            "attribute_not_exists(pk) OR #status = :queued",
+            "(attribute_not_exists(pk) OR #status = :queued) AND (attribute_not_exists(fenced) OR fenced <> :holder)",
             names={"#status": "status", "#ttl": "ttl"},
             running="running", queued="queued", one=1, token=token, holder=holder, lease=lease_until, ttl=ttl,
         )
@@ -158,10 +158,19 @@ class RunWrites:
                                                              clock.utc_day(now), int(now)))
         return elements
 
-    def stop_chain(self, batch_id: str, model: str, chain: int, runner: str) -> list[dict]:
-        """The sweep gives up the chain of a run that died: one running fewer."""
-        return [self.table.chain_stop_element(batch_id, model, chain, runner),
-                self.table.meta_update_element(batch_id, "ADD running :minus_one", minus_one=-1)]
+    def stop_chain(self, batch_id: str, model: str, chain: int, runner: str,
+                   fence_position: int | None = None) -> list[dict]:
+        """The sweep gives up the chain of a run that died: one running fewer. `fence_position`: the
+        chain's next request, not claimed yet, which that run may then never claim (should it be
+        alive after all, only stalled): the chain's message goes to a run of its own."""
+        elements = [self.table.chain_stop_element(batch_id, model, chain, runner),
+                    self.table.meta_update_element(batch_id, "ADD running :minus_one", minus_one=-1)]
+        if fence_position is not None:
+            elements.append(self.table.request_update_element(
+                batch_id, fence_position, "SET fenced = :runner, #status = if_not_exists(#status, :queued)",
+                "attribute_not_exists(#status) OR #status = :queued", names={"#status": "status"},
+                runner=runner, queued="queued"))
+        return elements
 
     def fail_unrun(self, message: RequestMessage, meta: dict, error: dict, now: float) -> list[dict]:
         """A request that can never run fails without a claim, counted at once (no run has its

@@ -139,29 +139,50 @@ class Settler:
             return Done()  # the sweep took the request back, and counts what this run settled
         tally.add(settled["status"], cost)
         self.crash("between a settle and the next claim")
-        next_token = uuid.uuid4().hex
-        if not apply_update(self.writes.claim(following, next_token, holder, now + self.settings.lease_seconds,
-                                              fresh_meta["ttl"])):
-            # Claimed by a run that is not this chain's (a sweep that took this run for dead):
-            # give the chain up, counting what this run settled; that run goes on with it.
-            self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds)
-            return Done()
+        # Count before claiming the next request: a count that cannot be written then leaves
+        # nothing claimed behind.
         if renewals or tally.due(now):
             try:
                 transact([*self.writes.flush(message.batch_id, meta["account_id"], tally, holder, now,
                                              now + self.settings.batch_dispatch_lease_seconds), *renewals])
-                tally = tally.counted(now)
+                tally = claimed.tally = tally.counted(now)
             except TransactionConflict:
                 pass  # nothing was written: the tally (and any renewal) waits for the next hand-over
-            except TransactionFailed:
-                # Only a sweep that took this run for dead moves the chain under it: stop here. The
-                # claimed request's lease runs out, and the sweep takes it back.
-                logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
-                                                                "position": following.position})
+            except TransactionFailed as failure:
+                if failure.failed(0):
+                    # Only a sweep that took this run for dead moves the chain under it: it counts
+                    # what this run settled and sends the chain's next message.
+                    logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
+                                                                    "position": message.position})
+                    return Done()
+                # A slot's renewal failed (the capacity shrank below its holders since the read,
+                # or the lease was reaped): give the chain up, its next request by a message.
+                self._give_up(claimed, following, now)
                 return Done()
+        next_token = uuid.uuid4().hex
+        if not self._claim_next(following, next_token, holder, now, fresh_meta["ttl"]):
+            # Claimed by another run (the sweep took this one for dead and sent the chain's message
+            # again, or fenced it off): give the chain up, counting what this run settled.
+            self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds)
+            return Done()
         metric("RequestsHandedOver")
         return Claimed(following, fresh_meta, next_token, holder, has_record=False, tally=tally,
                        capacity=verdict.capacity, backoff=gates.backoff)
+
+    def _claim_next(self, following: RequestMessage, token: str, holder: str, now: float, ttl: int) -> bool:
+        """Claim the chain's next request alone. A claim whose answer was lost and which botocore
+        sent again fails its condition the second time: it is ours if it holds our token."""
+        if apply_update(self.writes.claim(following, token, holder, now + self.settings.lease_seconds, ttl)):
+            return True
+        state = self.table.get_request(following.batch_id, following.position) or {}
+        return state.get("claim") == token
+
+    def _give_up(self, claimed: Claimed, following: RequestMessage, now: float) -> None:
+        """Leave the chain between two requests: count, free the chain and the slots, and send the
+        next request's message."""
+        if self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds):
+            self.waiting.wake_waiters(claimed.message, claimed.meta["account_id"], now)
+            self.chains.continue_chain(claimed.message, following, now)
 
     def _should_yield(self, batch_id: str, holder: str, remaining: int,
                       slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
