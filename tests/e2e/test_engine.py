@@ -298,6 +298,10 @@ def _running_snapshot(api: Api, batch_id: str) -> set[str]:
     return {r["custom_id"] for r in api.results(batch_id) if r["status"] == "running"}
 
 
+# A batch of slow requests whose owner loses access mid-batch: 6 per chain at 1.5 s each.
+REQUESTS = 24
+
+
 def _check_failed_batch(final: dict, results: list[dict], running_before: set[str]) -> None:
     assert final["status"] == "failed"
     assert final["failed_at"] and final["failed_at"] >= final["created_at"]
@@ -326,7 +330,9 @@ def test_revoking_the_key_mid_batch_fails_the_batch(engine, sim):
     creator = engine.create_key("revoke-acct", tier="internal")
     reader = engine.api(engine.create_key("revoke-acct"))
     api = engine.api(creator)
-    batch = submit(api, [item(f"q-{i}", f"Slow question {i} [sim:latency=1.5]") for i in range(12)])
+    # (each chain's requests outlast the 5 s a running chain may reuse its owner's state for:
+    # worker/gates.py OWNER_REUSE_SECONDS)
+    batch = submit(api, [item(f"q-{i}", f"Slow question {i} [sim:latency=1.5]") for i in range(REQUESTS)])
     running = wait_for(
         lambda: _running_snapshot(api, batch["id"]), timeout=20, interval=0.1, message="a running request"
     )
@@ -337,7 +343,7 @@ def test_revoking_the_key_mid_batch_fails_the_batch(engine, sim):
     final = wait_for(
         lambda: (
             (b := reader.batch(batch["id"]))["status"] == "failed"
-            and b["request_counts"]["completed"] + b["request_counts"]["failed"] == 12
+            and b["request_counts"]["completed"] + b["request_counts"]["failed"] == REQUESTS
             and b
         ),
         timeout=30,
@@ -346,9 +352,9 @@ def test_revoking_the_key_mid_batch_fails_the_batch(engine, sim):
     )
     results = reader.results(batch["id"])
     _check_failed_batch(final, results, running)
-    assert len(results) == 12
+    assert len(results) == REQUESTS
     # Nothing more runs for it afterwards.
-    ran = sum(attempts(sim, batch["id"], p) for p in range(12))
+    ran = sum(attempts(sim, batch["id"], p) for p in range(REQUESTS))
     assert ran == final["request_counts"]["completed"]
 
 
@@ -357,7 +363,9 @@ def test_suspending_the_account_mid_batch_fails_the_batch(engine, sim):
     key = engine.create_key("suspend-acct", tier="internal")
     api = engine.api(key)
     store = Store(engine)
-    batch = submit(api, [item(f"q-{i}", f"Slow question {i} [sim:latency=1.5]") for i in range(12)])
+    # (each chain's requests outlast the 5 s a running chain may reuse its owner's state for:
+    # worker/gates.py OWNER_REUSE_SECONDS)
+    batch = submit(api, [item(f"q-{i}", f"Slow question {i} [sim:latency=1.5]") for i in range(REQUESTS)])
     running = wait_for(
         lambda: _running_snapshot(api, batch["id"]), timeout=20, interval=0.1, message="a running request"
     )
@@ -378,7 +386,7 @@ def test_suspending_the_account_mid_batch_fails_the_batch(engine, sim):
     final = api.batch(batch["id"])
     results = api.results(batch["id"])
     _check_failed_batch(final, results, running)
-    ran = sum(attempts(sim, batch["id"], p) for p in range(12))
+    ran = sum(attempts(sim, batch["id"], p) for p in range(REQUESTS))
     assert ran == final["request_counts"]["completed"]
 
 
