@@ -20,7 +20,7 @@ from freeinference_batch.errors import (
     TooManyRequests,
 )
 from freeinference_batch.observability import logger
-from freeinference_batch.schemas import CREATING, DELETED, DeletedBatch, Page, RequestMessage
+from freeinference_batch.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import input_chunks
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
@@ -212,7 +212,7 @@ def _busy(doing: str) -> ServiceUnavailable:
 def visible_meta(meta: dict | None, account_id: str, now: float) -> bool:
     if meta is None or meta.get("account_id") != account_id:
         return False
-    if meta["status"] in (CREATING, DELETED):
+    if meta["status"] in (BatchStatus.CREATING, BatchStatus.DELETED):
         return False
     # Past retention the batch is gone, whether or not the purge has reached it yet.
     return not (lifecycle.is_final(meta["status"]) and now >= meta.get("purge_at", float("inf")))
@@ -327,7 +327,7 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         "REMOVE #owner, created_key, open_shard",
         "#status = :old AND running = :zero",
         names={"#status": "status", "#owner": "owner"},
-        deleted=DELETED, now=now, purge=PURGE_SHARD, old=meta["status"], zero=0,
+        deleted=BatchStatus.DELETED, now=now, purge=PURGE_SHARD, old=meta["status"], zero=0,
     )
     elements = [element]
     if not lifecycle.is_final(meta["status"]):
