@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from freeinference_batch.catalog import NANO_PER_USD
-from freeinference_batch.schemas import BatchObject, RequestCounts, ResultLine
+from freeinference_batch.schemas import BatchObject, BatchStatus, RequestCounts, ResultLine
 
 TIMESTAMPS = ("in_progress_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 
@@ -33,7 +33,7 @@ def window_label(seconds: int) -> str:
 def request_counts(meta: dict) -> RequestCounts:
     total = meta["total"]
     completed = meta.get("completed", 0)
-    if meta["status"] in ("failed", "expired"):
+    if meta["status"] in (BatchStatus.FAILED, BatchStatus.EXPIRED):
         # Every request that did not succeed and is not still finishing counts as failed.
         failed = total - completed - meta.get("running", 0)
     else:

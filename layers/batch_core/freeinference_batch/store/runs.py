@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from freeinference_batch import clock
-from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.schemas import BatchStatus, RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable
@@ -104,7 +104,8 @@ class RunWrites:
                 message.batch_id,
                 "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
                 f"{STARTS_REQUESTS} AND expires_at > :now",
-                names={"#status": "status"}, in_progress="in_progress", validating="validating", now=int(now), one=1,
+                names={"#status": "status"}, in_progress=BatchStatus.IN_PROGRESS,
+                validating=BatchStatus.VALIDATING, now=int(now), one=1,
             ),
             self.table.chain_start_element(message.batch_id, message.model, message.index % width, message.index,
                                            holder, now + self.settings.batch_dispatch_lease_seconds),
