@@ -20,7 +20,7 @@ from freeinference_batch.errors import (
     TooManyRequests,
 )
 from freeinference_batch.observability import logger
-from freeinference_batch.schemas import CREATING, DELETED, DeletedBatch, Page, RequestMessage
+from freeinference_batch.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import input_chunks
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
@@ -131,7 +131,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         "pk": f"BATCH#{batch_id}", "sk": "META", "id": batch_id,
         "owner": principal.account_id, "account_id": principal.account_id, "key_hash": principal.key_hash,
         "created_key": created_key(batch_id),
-        "status": "validating", "created_at": created_at, "expires_at": created_at + window,
+        "status": BatchStatus.VALIDATING, "created_at": created_at, "expires_at": created_at + window,
         "window_seconds": window, "total": len(requests), "completed": 0, "failed": 0, "running": 0,
         "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
         "lane_widths": lane_widths, "open_shard": OPEN_SHARD, "ttl": ttl,
@@ -212,7 +212,7 @@ def _busy(doing: str) -> ServiceUnavailable:
 def visible_meta(meta: dict | None, account_id: str, now: float) -> bool:
     if meta is None or meta.get("account_id") != account_id:
         return False
-    if meta["status"] in (CREATING, DELETED):
+    if meta["status"] in (BatchStatus.CREATING, BatchStatus.DELETED):
         return False
     # Past retention the batch is gone, whether or not the purge has reached it yet.
     return not (lifecycle.is_final(meta["status"]) and now >= meta.get("purge_at", float("inf")))
@@ -292,7 +292,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
                 batch_id,
                 f"SET #status = :cancelled, cancelling_at = :now, cancelled_at = :now, {clause} REMOVE open_shard",
                 "#status = :old AND running = :zero",
-                names={"#status": "status", "#ttl": "ttl"}, cancelled="cancelled", old=meta["status"], zero=0,
+                names={"#status": "status", "#ttl": "ttl"}, cancelled=BatchStatus.CANCELLED, old=meta["status"], zero=0,
                 **named,
             )
             try:
@@ -304,7 +304,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         else:
             updated = table.update_meta(
                 batch_id, "SET #status = :cancelling, cancelling_at = :now", "#status = :old AND running > :zero",
-                names={"#status": "status"}, cancelling="cancelling", now=now, old=meta["status"], zero=0,
+                names={"#status": "status"}, cancelling=BatchStatus.CANCELLING, now=now, old=meta["status"], zero=0,
             )
             if updated is None:
                 continue
@@ -327,7 +327,7 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         "REMOVE #owner, created_key, open_shard",
         "#status = :old AND running = :zero",
         names={"#status": "status", "#owner": "owner"},
-        deleted=DELETED, now=now, purge=PURGE_SHARD, old=meta["status"], zero=0,
+        deleted=BatchStatus.DELETED, now=now, purge=PURGE_SHARD, old=meta["status"], zero=0,
     )
     elements = [element]
     if not lifecycle.is_final(meta["status"]):

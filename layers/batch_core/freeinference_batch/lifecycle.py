@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from freeinference_batch import accounts
-from freeinference_batch.schemas import FINAL_STATUSES
+from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import PURGE_SHARD, BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 
-RUNNABLE = ("validating", "in_progress")
+RUNNABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 
 
 def _ts(now: float) -> int:
@@ -39,32 +39,32 @@ def starts_requests(meta: dict, now: float) -> bool:
     return meta["status"] in RUNNABLE and "failing" not in meta and now < meta["expires_at"]
 
 
-def decide_final_status(meta: dict, now: float) -> str | None:
+def decide_final_status(meta: dict, now: float) -> BatchStatus | None:
     """The final status a batch should take now, if any. Running requests always finish first,
     so a batch in a final status has none running and its counts never change again."""
     status = meta["status"]
     if meta.get("running", 0) > 0:
         return None
-    if status == "cancelling":
-        return "cancelled"
+    if status == BatchStatus.CANCELLING:
+        return BatchStatus.CANCELLED
     if status in RUNNABLE:
         if meta.get("completed", 0) + meta.get("failed", 0) >= meta["total"]:
-            return "completed"
+            return BatchStatus.COMPLETED
         if "failing" in meta:
-            return "failed"
+            return BatchStatus.FAILED
         if now >= meta["expires_at"]:
-            return "expired"
+            return BatchStatus.EXPIRED
     return None
 
 
-def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) -> str | None:
+def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) -> BatchStatus | None:
     """Move the batch to its final status if it has reached one; returns that status or None."""
     final = decide_final_status(meta, now)
     if final is None:
         return None
     clause, named = finished_fields(settings, now)
     names = {"#status": "status", "#ttl": "ttl"}
-    if final == "failed":
+    if final == BatchStatus.FAILED:
         clause += ", #error = failing"
         names["#error"] = "error"
     element = table.meta_update_element(
@@ -88,7 +88,7 @@ def fail_batch(settings: Settings, table: BatchTable, meta: dict, now: float, co
     updated = table.update_meta(
         meta["id"], "SET failing = :error", "#status IN (:validating, :in_progress)",
         names={"#status": "status"}, error={"code": code, "message": message},
-        validating="validating", in_progress="in_progress",
+        validating=BatchStatus.VALIDATING, in_progress=BatchStatus.IN_PROGRESS,
     )
     if updated is None:
         return False

@@ -9,7 +9,7 @@ from freeinference_batch import pages, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import owned_meta
 from freeinference_batch.errors import BadRequest
-from freeinference_batch.schemas import Page
+from freeinference_batch.schemas import Page, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 
@@ -55,7 +55,7 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
             while stated is not None and stated < position:  # read on only as far as the page goes
                 stated, state_of_stated = next(states, (None, None))
             state = state_of_stated if stated == position else None
-            response = table.load_response(state) if state and state.get("status") == "completed" else None
+            response = table.load_response(state) if state and state.get("status") == RequestStatus.COMPLETED else None
             line = views.result_line(meta, result_id(meta, position), custom_id, state, response)
             cost = pages.invoke_bytes(line)
             if not budget.fits(cost):

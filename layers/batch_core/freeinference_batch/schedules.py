@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from freeinference_batch import clock, dispatch, lifecycle
 from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
 from freeinference_batch.store.dynamo import TransactionFailed, transact
@@ -80,7 +80,7 @@ def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: 
             continue
         position = positions[head]
         state = table.get_request(meta["id"], position)
-        if state and state["status"] == "running":
+        if state and state["status"] == RequestStatus.RUNNING:
             if state.get("lease_until", 0) > now:
                 continue
             interrupted = int(state.get("attempts", 0)) >= settings.batch_max_attempts
@@ -91,7 +91,7 @@ def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: 
                 head += width
             else:
                 counts["recovered"] += 1
-        elif state and state["status"] == "queued" and state.get("lease_until", 0) > now:
+        elif state and state["status"] == RequestStatus.QUEUED and state.get("lease_until", 0) > now:
             continue
         elif runner:
             # The run died between two requests (its last settled, its next not claimed).
@@ -113,8 +113,8 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: dict, lane: dict,
         looked = list(range(index, size, width))[:READ_AHEAD]
         outcomes = table.get_outcomes(meta["id"], [positions[i] for i in looked])
         for looked_index in looked:
-            status, cost = outcomes.get(positions[looked_index], ("queued", 0))
-            if status in ("queued", "running"):
+            status, cost = outcomes.get(positions[looked_index], (RequestStatus.QUEUED, 0))
+            if status in (RequestStatus.QUEUED, RequestStatus.RUNNING):
                 done = True
                 break
             tally.add(status, cost)
@@ -178,15 +178,15 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: dict, lane: dict, hea
         request = table.request_update_element(
             meta["id"], position, "SET #status = :failed, #error = :error, finished_at = :now "
             "REMOVE claim, slot_holder, lease_until", "#status = :running AND claim = :claim",
-            names={"#status": "status", "#error": "error"}, failed="failed", error=error, now=int(now),
-            running="running", claim=claim)
+            names={"#status": "status", "#error": "error"}, failed=RequestStatus.FAILED, error=error,
+            now=int(now), running=RequestStatus.RUNNING, claim=claim)
         failed = Tally(lane["model"], lane["width"], head, now, failed=1)
         chain = writes.flush(meta["id"], meta["account_id"], failed, runner, now, now, stop=runner is not None)
     else:
         request = table.request_update_element(
             meta["id"], position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
             "#status = :running AND claim = :claim", names={"#status": "status"},
-            queued="queued", running="running", claim=claim, zero=0)
+            queued=RequestStatus.QUEUED, running=RequestStatus.RUNNING, claim=claim, zero=0)
         chain = writes.stop_chain(meta["id"], lane["model"], head % lane["width"], runner) if runner else []
     try:
         transact([request, *chain, leases.release_element(model_slots_key(lane["model"]), holder),

@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal, NamedTuple, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from typing_extensions import TypedDict
 
-BatchStatus = Literal[
-    "validating", "in_progress", "completed", "failed", "expired", "cancelling", "cancelled"
+
+class BatchStatus(StrEnum):
+    """A batch's status, as stored and as the batch object shows it (members are plain strings)."""
+
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    # Stored statuses beyond the spec's: a batch being written (never visible) and a deleted one.
+    CREATING = "creating"
+    DELETED = "deleted"
+
+
+# The statuses the spec gives a batch object: all but the stored-only ones.
+VisibleBatchStatus = Literal[
+    BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.COMPLETED, BatchStatus.FAILED,
+    BatchStatus.EXPIRED, BatchStatus.CANCELLING, BatchStatus.CANCELLED,
 ]
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "expired", "cancelled"})
-# Stored statuses beyond the spec's: a batch being written (never visible) and a deleted one.
-CREATING = "creating"
-DELETED = "deleted"
+FINAL_STATUSES: frozenset[BatchStatus] = frozenset(
+    {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
+)
+
+
+class RequestStatus(StrEnum):
+    """A request's status, as stored on its item and as its result line shows it. CANCELLED and
+    EXPIRED are never stored: a request that never ran shows them after its batch's (views.py)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
 
 # ---- create -------------------------------------------------------------------------------
@@ -102,7 +132,7 @@ class BatchObject(BaseModel):
     errors: None = None
     input_file_id: None = None
     completion_window: str
-    status: BatchStatus
+    status: VisibleBatchStatus
     output_file_id: None = None
     error_file_id: None = None
     created_at: int
@@ -135,7 +165,7 @@ class ResultResponse(BaseModel):
 class ResultLine(BaseModel):
     id: str
     custom_id: str
-    status: Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
+    status: RequestStatus
     response: ResultResponse | None = None
     error: ResultError | None = None
 

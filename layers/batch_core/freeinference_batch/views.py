@@ -9,16 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from freeinference_batch.catalog import NANO_PER_USD
-from freeinference_batch.schemas import BatchObject, RequestCounts, ResultLine
+from freeinference_batch.schemas import BatchObject, BatchStatus, RequestCounts, RequestStatus, ResultLine
 
 TIMESTAMPS = ("in_progress_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 
 NOT_STARTED = {
     # batch status -> (result status, error) for a request that has no final state of its own
-    "cancelling": ("cancelled", None),
-    "cancelled": ("cancelled", None),
-    "failed": ("failed", {"code": "batch_failed", "message": "Not run: the batch failed"}),
-    "expired": ("expired", {"code": "batch_expired", "message": "Not run: the completion window closed first"}),
+    BatchStatus.CANCELLING: (RequestStatus.CANCELLED, None),
+    BatchStatus.CANCELLED: (RequestStatus.CANCELLED, None),
+    BatchStatus.FAILED: (RequestStatus.FAILED, {"code": "batch_failed", "message": "Not run: the batch failed"}),
+    BatchStatus.EXPIRED: (RequestStatus.EXPIRED,
+                          {"code": "batch_expired", "message": "Not run: the completion window closed first"}),
 }
 
 
@@ -33,7 +34,7 @@ def window_label(seconds: int) -> str:
 def request_counts(meta: dict) -> RequestCounts:
     total = meta["total"]
     completed = meta.get("completed", 0)
-    if meta["status"] in ("failed", "expired"):
+    if meta["status"] in (BatchStatus.FAILED, BatchStatus.EXPIRED):
         # Every request that did not succeed and is not still finishing counts as failed.
         failed = total - completed - meta.get("running", 0)
     else:
@@ -59,9 +60,10 @@ def batch_object(meta: dict) -> dict[str, Any]:
 
 def result_line(meta: dict, result_id: str, custom_id: str, state: dict | None,
                 response: dict | None) -> dict[str, Any]:
-    status = state["status"] if state else "queued"
+    status = state["status"] if state else RequestStatus.QUEUED
     error = state.get("error") if state else None
-    if status not in ("completed", "failed", "running") and meta["status"] in NOT_STARTED:
+    if (status not in (RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.RUNNING)
+            and meta["status"] in NOT_STARTED):
         # A request waiting for its retry did run: it keeps the error of its last attempt.
         status, batch_error = NOT_STARTED[meta["status"]]
         error = error or batch_error
@@ -69,7 +71,7 @@ def result_line(meta: dict, result_id: str, custom_id: str, state: dict | None,
         id=result_id,
         custom_id=custom_id,
         status=status,
-        response=response if status == "completed" else None,
-        error=error if status != "completed" else None,
+        response=response if status == RequestStatus.COMPLETED else None,
+        error=error if status != RequestStatus.COMPLETED else None,
     )
     return line.model_dump(mode="json")

@@ -6,6 +6,7 @@ import random
 import time
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
@@ -18,9 +19,12 @@ _deserializer = TypeDeserializer()
 
 
 def _decimals(value: Any) -> Any:
-    """DynamoDB numbers are Decimals; JSON from users and models has floats anywhere."""
+    """DynamoDB numbers are Decimals; JSON from users and models has floats anywhere. Enum members
+    (the statuses) go in as the plain strings they are equal to."""
     if isinstance(value, float):
         return Decimal(repr(value))
+    if isinstance(value, StrEnum):
+        return str(value)
     if isinstance(value, dict):
         return {k: _decimals(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from freeinference_batch import clock
-from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.schemas import BatchStatus, RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable
@@ -61,7 +61,7 @@ class Tally:
         return self.head + self.settled * self.width
 
     def add(self, status: str, cost_nano: int) -> None:
-        if status == "completed":
+        if status == RequestStatus.COMPLETED:
             self.completed += 1
         else:
             self.failed += 1
@@ -89,7 +89,8 @@ class RunWrites:
             "ADD attempts :one",
             "(attribute_not_exists(pk) OR #status = :queued) AND (attribute_not_exists(fenced) OR fenced <> :holder)",
             names={"#status": "status", "#ttl": "ttl"},
-            running="running", queued="queued", one=1, token=token, holder=holder, lease=lease_until, ttl=ttl,
+            running=RequestStatus.RUNNING, queued=RequestStatus.QUEUED, one=1, token=token, holder=holder,
+            lease=lease_until, ttl=ttl,
         )
 
     def start_chain(self, message: RequestMessage, meta: dict, holder: str, now: float) -> list[dict]:
@@ -101,7 +102,8 @@ class RunWrites:
                 message.batch_id,
                 "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
                 f"{STARTS_REQUESTS} AND expires_at > :now",
-                names={"#status": "status"}, in_progress="in_progress", validating="validating", now=int(now), one=1,
+                names={"#status": "status"}, in_progress=BatchStatus.IN_PROGRESS,
+                validating=BatchStatus.VALIDATING, now=int(now), one=1,
             ),
             self.table.chain_start_element(message.batch_id, message.model, message.index % width, message.index,
                                            holder, now + self.settings.batch_dispatch_lease_seconds),
@@ -112,7 +114,7 @@ class RunWrites:
         """The request's own update when its run ends: final (completed or failed), or queued again
         for a retry at `lease_until`; conditional on the run's claim."""
         names = {"#status": "status"}
-        named: dict[str, Any] = {"status": status, "token": token, "running": "running"}
+        named: dict[str, Any] = {"status": status, "token": token, "running": RequestStatus.RUNNING}
         sets = ["#status = :status"]
         if error is not None:
             sets.append("#error = :error")
@@ -122,7 +124,7 @@ class RunWrites:
             for attribute, value in stored.items():
                 sets.append(f"{attribute} = :{attribute}")
                 named[attribute] = value
-        if status == "queued":
+        if status == RequestStatus.QUEUED:
             sets.append("lease_until = :lease")
             named["lease"] = lease_until
             removes = "claim, slot_holder"
@@ -182,7 +184,8 @@ class RunWrites:
                 "SET #status = :failed, #error = :error, finished_at = :now, #ttl = :ttl",
                 "attribute_not_exists(pk) OR #status = :queued",
                 names={"#status": "status", "#error": "error", "#ttl": "ttl"},
-                failed="failed", error=error, now=int(now), ttl=meta["ttl"], queued="queued"),
+                failed=RequestStatus.FAILED, error=error, now=int(now), ttl=meta["ttl"],
+                queued=RequestStatus.QUEUED),
             self.table.meta_update_element(message.batch_id, "ADD failed :one", one=1),
             self.table.chain_move_element(message.batch_id, message.model, message.index % width, message.index,
                                           message.index + width, now + self.settings.batch_dispatch_lease_seconds),

@@ -4,7 +4,7 @@ request, and moving the chain on when a request settles."""
 from __future__ import annotations
 
 from freeinference_batch import dispatch, lifecycle
-from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 
@@ -50,7 +50,8 @@ class Chains:
         """Tell the sweep the chain standing at this request is alive (it waits), so it sends no duplicate."""
         self.table.set_lane_lease(message.batch_id, message.model, chain_of(message, meta), message.index, until)
         self.table.update_request(message.batch_id, message.position, "SET lease_until = :until",
-                                  "#status = :queued", names={"#status": "status"}, until=until, queued="queued")
+                                  "#status = :queued", names={"#status": "status"}, until=until,
+                                  queued=RequestStatus.QUEUED)
 
     def continue_chain(self, message: RequestMessage, following: RequestMessage | None, now: float,
                        delay_seconds: int = 0) -> None:

@@ -8,7 +8,7 @@ import uuid
 
 from freeinference_batch import fairness, lifecycle
 from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
@@ -115,10 +115,10 @@ class Claims:
         earlier delivery: deleting it would lose the chain's token. Keep it: until the run's lease
         ends if the request runs, or to look again at once if it is queued again; whichever
         delivery of it then finds the request settled drops it."""
-        state = self.table.get_request(message.batch_id, message.position) or {"status": "queued"}
-        if state["status"] == "running":
+        state = self.table.get_request(message.batch_id, message.position) or {"status": RequestStatus.QUEUED}
+        if state["status"] == RequestStatus.RUNNING:
             return Parked(max(1.0, float(state.get("lease_until", now)) - now + random.uniform(1, 5)))
-        if state["status"] == "queued":
+        if state["status"] == RequestStatus.QUEUED:
             return Parked(0)
         return Done()
 

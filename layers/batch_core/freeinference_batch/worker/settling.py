@@ -15,7 +15,7 @@ from freeinference_batch import dispatch, upstream
 from freeinference_batch.catalog import Catalog
 from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
 from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
@@ -56,7 +56,7 @@ class Settler:
         if outcome.kind == "retry" and attempts < self.settings.batch_max_attempts:
             delay = self._retry_delay(attempts, outcome.retry_after)
             lease_until = now + delay + self.settings.batch_dispatch_lease_seconds
-            settle = self.writes.settle(message, token, now, status="queued", error=outcome.error,
+            settle = self.writes.settle(message, token, now, status=RequestStatus.QUEUED, error=outcome.error,
                                         lease_until=lease_until)
             if not self._leave(claimed, now, settle, lease_until):
                 return Done()
@@ -77,10 +77,10 @@ class Settler:
             cost = self.catalog.models[message.model].cost_nano(prompt, completion)
             # Stored once (compressed, or in S3), whether the hand-over or a plain settle writes it.
             stored = self.table.response_attributes(message.batch_id, message.position, token, outcome.response)
-            settled = {"status": "completed", "stored": stored, "cost_nano": cost}
+            settled = {"status": RequestStatus.COMPLETED, "stored": stored, "cost_nano": cost}
         else:
             metric("RequestsFailed")
-            settled = {"status": "failed", "error": outcome.error}
+            settled = {"status": RequestStatus.FAILED, "error": outcome.error}
             if outcome.usage:  # the model served it, though its answer cannot be kept
                 settled["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
 
