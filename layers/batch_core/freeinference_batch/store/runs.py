@@ -171,7 +171,7 @@ class RunWrites:
             elements.append(self.table.request_update_element(
                 batch_id, fence_position, "SET fenced = :runner, #status = if_not_exists(#status, :queued)",
                 "attribute_not_exists(#status) OR #status = :queued", names={"#status": "status"},
-                runner=runner, queued="queued"))
+                runner=runner, queued=RequestStatus.QUEUED))
         return elements
 
     def fail_unrun(self, message: RequestMessage, meta: dict, error: dict, now: float) -> list[dict]:
