@@ -58,8 +58,8 @@ class Concurrency:
             return Finding(True, text)
         return Finding(False, text + (
             f". Ask for more: Service Quotas, AWS Lambda, 'Concurrent executions' ({CONCURRENCY_QUOTA_CODE}), "
-            f"at least {self.quota_needed}; or lower the "
-            "workers' ReservedConcurrentExecutions"))
+            f"at least {self.quota_needed}; or lower a model's batch_concurrency in models.json "
+            "(its worker reserves twice that: README, 'Sizing a model')"))
 
 
 def template_reserved_concurrency(template: dict[str, Any]) -> dict[str, int]:
