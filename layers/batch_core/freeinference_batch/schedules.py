@@ -110,7 +110,7 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: dict, lane: dict,
     tally = Tally(lane["model"], width, head, now)
     index, done = head, False
     while index < size and not done:
-        looked = list(range(index, size, width))[:READ_AHEAD]
+        looked = range(index, min(size, index + READ_AHEAD * width), width)
         outcomes = table.get_outcomes(meta["id"], [positions[i] for i in looked])
         for looked_index in looked:
             status, cost = outcomes.get(positions[looked_index], (RequestStatus.QUEUED, 0))

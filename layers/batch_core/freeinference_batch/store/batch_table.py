@@ -36,6 +36,7 @@ from freeinference_batch import aws
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import input_chunks
 from freeinference_batch.store.dynamo import (
+    apply_update,
     batch_get,
     batch_write,
     from_item,
@@ -460,33 +461,16 @@ class BatchTable:
         """Renew one chain's dispatch lease, only if the chain still stands at `head` and no run has
         it (a run keeps its own lease; a chain that does not exist fails the condition too: nothing
         is created)."""
-        try:
-            aws.dynamodb().update_item(
-                TableName=self.name, Key=chain_key(batch_id, model, slot),
-                UpdateExpression="SET lease = :lease",
-                ConditionExpression="head = :head AND attribute_not_exists(runner)",
-                ExpressionAttributeValues=values(head=head, lease=lease_until),
-            )
-            return True
-        except ClientError as error:
-            if is_conditional_failure(error):
-                return False
-            raise
+        return apply_update({"Update": {
+            "TableName": self.name, "Key": chain_key(batch_id, model, slot),
+            "UpdateExpression": "SET lease = :lease",
+            "ConditionExpression": "head = :head AND attribute_not_exists(runner)",
+            "ExpressionAttributeValues": values(head=head, lease=lease_until),
+        }})
 
     def update_request(self, batch_id: str, position: int, expression: str, condition: str,
                        names: dict | None = None, **named: Any) -> bool:
-        kwargs: dict[str, Any] = {"TableName": self.name, "Key": request_key(batch_id, position),
-                                  "UpdateExpression": expression, "ConditionExpression": condition,
-                                  "ExpressionAttributeValues": values(**named)}
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        try:
-            aws.dynamodb().update_item(**kwargs)
-            return True
-        except ClientError as error:
-            if is_conditional_failure(error):
-                return False
-            raise
+        return apply_update(self.request_update_element(batch_id, position, expression, condition, names, **named))
 
     # ---- purge --------------------------------------------------------------------------
 

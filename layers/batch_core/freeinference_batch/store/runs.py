@@ -146,15 +146,12 @@ class RunWrites:
         and the batch counts one running fewer."""
         elements = [self.table.chain_move_element(batch_id, tally.model, tally.chain, tally.head, tally.next_head,
                                                   lease_until, runner=runner, stop=stop)]
-        counters = [f"{name} :{name}" for name, value in (("completed", tally.completed), ("failed", tally.failed),
-                                                          ("cost_nano", tally.cost_nano)) if value]
-        named: dict[str, Any] = {name: getattr(tally, name) for name in ("completed", "failed", "cost_nano")
-                                 if getattr(tally, name)}
-        if stop:
-            counters.append("running :minus_one")
-            named["minus_one"] = -1
-        if counters:
-            elements.append(self.table.meta_update_element(batch_id, "ADD " + ", ".join(counters), **named))
+        added = {name: value for name, value in (("completed", tally.completed), ("failed", tally.failed),
+                                                 ("cost_nano", tally.cost_nano), ("running", -1 if stop else 0))
+                 if value}
+        if added:
+            elements.append(self.table.meta_update_element(
+                batch_id, "ADD " + ", ".join(f"{name} :{name}" for name in added), **added))
         if tally.cost_nano:
             elements.append(accounts_table.add_usage_element(self.settings, account_id, tally.cost_nano,
                                                              clock.utc_day(now), int(now)))
