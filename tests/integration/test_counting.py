@@ -208,3 +208,25 @@ def test_marking_a_chain_due_leaves_a_chain_a_run_has_alone(harness):
     # alone: the sweep must not take a live run's chain over; a chain no run has is marked
     assert not table.set_lane_lease(batch["id"], MODEL, 0, 0, now(harness))
     assert table.set_lane_lease(batch["id"], MODEL, 1, 1, now(harness))
+
+
+def test_a_run_counts_often_enough_to_keep_a_short_dispatch_lease_from_running_out(harness, upstream, monkeypatch):
+    # Given a dispatch lease far shorter than the usual count interval, and chain 0 of a
+    # 16-request batch running on, each request taking a third of that lease
+    harness.configure(BATCH_DISPATCH_LEASE_SECONDS="3")
+    batch = harness.create([sample_request(f"q-{n}", f"Short lease {n}") for n in range(16)])
+    real_call = upstream_client.call
+    leases: list[float] = []
+
+    def call_and_look(*args, **kwargs):
+        lanes = BatchTable(harness.settings).get_lanes(batch["id"])
+        leases.append(lanes[0]["leases"][0] - now(harness))
+        harness.advance_clock(1.0)
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", call_and_look)
+    # When the chain runs its 4 requests in one invocation
+    worker.Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD,
+                                            deadline=time.monotonic() + TIME_LEFT)
+    # Then its dispatch lease never ran out while it ran, so the sweep never took it for dead
+    assert len(leases) == 4 and all(left > 0 for left in leases), leases

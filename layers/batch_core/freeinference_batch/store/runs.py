@@ -67,8 +67,12 @@ class Tally:
             self.failed += 1
         self.cost_nano += cost_nano
 
-    def due(self, now: float) -> bool:
-        return self.settled >= FLUSH_EVERY_REQUESTS or now - self.since >= FLUSH_SECONDS
+    def due(self, now: float, dispatch_lease_seconds: float) -> bool:
+        """Whether to count now. A count also renews the chain's dispatch lease, which must never
+        run out under a live run (the sweep would take the run for dead): so a run counts at least
+        every third of that lease, when it is shorter than FLUSH_SECONDS."""
+        every = min(FLUSH_SECONDS, dispatch_lease_seconds / 3)
+        return self.settled >= FLUSH_EVERY_REQUESTS or now - self.since >= every
 
     def counted(self, now: float) -> Tally:
         """The tally once a flush has counted this one."""

@@ -141,7 +141,7 @@ class Settler:
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
         # nothing claimed behind.
-        if renewals or tally.due(now):
+        if renewals or tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
                 transact([*self.writes.flush(message.batch_id, meta["account_id"], tally, holder, now,
                                              now + self.settings.batch_dispatch_lease_seconds), *renewals])
