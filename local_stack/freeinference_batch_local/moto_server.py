@@ -1,10 +1,13 @@
 """moto in server mode on loopback, one request at a time.
 
 moto documents itself as not concurrency-safe, while the local stack calls it from many threads
-(API requests, pollers, workers, schedules). So, like `moto.server.ThreadedMotoServer`, we serve
-moto's WSGI app with werkzeug's threaded server, but wrap the app in one lock: a request's body
-is read *before* taking the lock and its response is fully produced *inside* it, so the lock is
-held only while moto works, never while a socket is slow.
+(API requests, pollers, workers, schedules). So the server handles one request at a time, on one
+thread: werkzeug's server without threads, HTTP/1.0 (moto's handler closes each connection), and
+a listen queue deep enough for every caller at once. A thread per request, as
+`moto.server.ThreadedMotoServer` runs it, would only wait for one lock around moto, and those
+threads' parsing and socket work took the GIL from the one thread holding the lock: under the
+worker's load moto was busy half the time with dozens of calls waiting for it (bench/README.md).
+The lock stays, for an app served by a threaded server (tests do).
 
 `MotoProcess` runs that server in a child process (`python -m freeinference_batch_local.moto_server`).
 The local stack does so by default: the stack is one Python process, and the GIL would otherwise
@@ -93,11 +96,12 @@ class MotoServer:
             MotoRequestHandler,
             create_backend_app,
         )
-        from werkzeug.serving import make_server
+        from werkzeug.serving import BaseWSGIServer
 
-        from freeinference_batch_local import aws_limits, moto_transactions
+        from freeinference_batch_local import aws_limits, moto_serialization, moto_transactions
 
         moto_transactions.install()  # O(items touched) transactions instead of O(table size)
+        moto_serialization.install()  # attribute values written as they are, not walked
         aws_limits.install()  # refuse what DynamoDB and SQS refuse and moto does not
 
         # werkzeug logs every request at INFO; the local stack's own logs are what matter.
@@ -116,8 +120,13 @@ class MotoServer:
                 return self.backend_by_host[host]
 
         self.app = SerializedWsgiApp(RememberedRouting(create_backend_app))
-        self._server = make_server(self.host, self.port, self.app, threaded=True, request_handler=MotoRequestHandler)
-        self._server.daemon_threads = True
+
+        class OneAtATimeServer(BaseWSGIServer):
+            # Callers wait in the kernel's accept queue, not on a thread each: room for all of them
+            # (werkzeug's default is 128; the kernel caps it at net.core.somaxconn).
+            request_queue_size = 4096
+
+        self._server = OneAtATimeServer(self.host, self.port, self.app, handler=MotoRequestHandler)
         self.port = self._server.server_port
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="moto-server", daemon=True
