@@ -91,3 +91,20 @@ def test_expired_waiters_do_not_count():
     item = slots_item(tokens("big", range(4)), [("small", 20)])
     item["waiters"]["small#0"]["u"] = NOW - 1
     assert fair_shares(item, 4, "big", 1900, NOW) == {"big": 4}
+
+
+def test_a_slots_item_with_500_holders_stays_under_32_kb():
+    # The slots items are the table's hottest: every take, renewal and release writes them whole,
+    # so at 500 holders their size is the write rate's multiplier. bench/aws_calls.py measures
+    # about 10 such writes a second at 500 requests in flight (0.10 per request at 100 requests/s),
+    # so 32 KB is what keeps them under a third of a partition's 1,000 WCU/s.
+    from freeinference_batch.batches import new_batch_id
+    from freeinference_batch.store.dynamo import values
+    from freeinference_batch.store.leases import lease_expiry
+    from freeinference_batch_local.aws_limits import item_bytes
+
+    now = 1_764_800_000.123456
+    leases = {new_holder(new_batch_id(now + lane), lane, aged=True): lease_expiry(now + 1800.0004)
+              for lane in range(500)}
+    size = item_bytes({"leases": values(leases=leases)[":leases"]})
+    assert size <= 32 * 1024, f"{size} bytes, {size / 500:.0f} per holder"

@@ -19,7 +19,7 @@ policy (`fairness.py`); this module only stores and reads the leases and the wai
 from __future__ import annotations
 
 import math
-import uuid
+import secrets
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
@@ -45,13 +45,28 @@ def model_load_key(model: str) -> dict:
 MAX_WAITERS = 32
 
 
-AGED_MARK = ".aged"
+AGED_MARK = ".a"  # short, as the random part: see HOLDER_RANDOM_BYTES
+
+
+# A holder's random part tells apart two runs of one chain whose holds overlap (a dead run's until
+# it expires, and the next run's): 32 bits make a clash one in four billion. It is short because
+# every holder is an entry of the slots items, the table's hottest, which every claim reads and
+# every take, renewal and release writes whole: at 500 holders each byte of an entry is 500 bytes
+# of every such write (bench/README.md, hot items).
+HOLDER_RANDOM_BYTES = 4
+# Expiries are kept to the hundredth of a second: 12 digits, 7 bytes of a DynamoDB number.
+EXPIRY_DECIMALS = 2
 
 
 def new_holder(batch_id: str, lane: int, aged: bool = False) -> str:
-    """A chain's hold on its slots: `<batch id>.<lane>.<random>`, marked `.aged` for a chain that
+    """A chain's hold on its slots: `<batch id>.<lane>.<random>`, marked `.a` for a chain that
     waited its turn (see fairness.py)."""
-    return f"{batch_id}.{lane}.{uuid.uuid4().hex}{AGED_MARK if aged else ''}"
+    return f"{batch_id}.{lane}.{secrets.token_hex(HOLDER_RANDOM_BYTES)}{AGED_MARK if aged else ''}"
+
+
+def lease_expiry(until: float) -> float:
+    """An expiry as a slots item stores it (rounded up: a lease never ends before it was asked to)."""
+    return math.ceil(until * 10**EXPIRY_DECIMALS) / 10**EXPIRY_DECIMALS
 
 
 def is_aged(holder: str) -> bool:
@@ -108,7 +123,7 @@ class Leases:
             "UpdateExpression": expression,
             "ConditionExpression": "attribute_exists(leases) AND size(leases) < :capacity",
             "ExpressionAttributeNames": names,
-            "ExpressionAttributeValues": values(until=until, capacity=capacity),
+            "ExpressionAttributeValues": values(until=lease_expiry(until), capacity=capacity),
         }}
 
     def renew_element(self, slots_key: dict, holder: str, capacity: int, until: float) -> dict:
@@ -118,7 +133,7 @@ class Leases:
             "UpdateExpression": "SET leases.#holder = :until",
             "ConditionExpression": "attribute_exists(leases.#holder) AND size(leases) <= :capacity",
             "ExpressionAttributeNames": {"#holder": holder},
-            "ExpressionAttributeValues": values(until=until, capacity=capacity),
+            "ExpressionAttributeValues": values(until=lease_expiry(until), capacity=capacity),
         }}
 
     def release_element(self, slots_key: dict, holder: str) -> dict:
