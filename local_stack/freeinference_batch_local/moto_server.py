@@ -98,10 +98,11 @@ class MotoServer:
         )
         from werkzeug.serving import BaseWSGIServer
 
-        from freeinference_batch_local import aws_limits, moto_serialization, moto_transactions
+        from freeinference_batch_local import aws_limits, moto_expressions, moto_serialization, moto_transactions
 
         moto_transactions.install()  # O(items touched) transactions instead of O(table size)
         moto_serialization.install()  # attribute values written as they are, not walked
+        moto_expressions.install()  # each update expression parsed once
         aws_limits.install()  # refuse what DynamoDB and SQS refuse and moto does not
 
         # werkzeug logs every request at INFO; the local stack's own logs are what matter.

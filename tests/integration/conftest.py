@@ -16,7 +16,7 @@ from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, clock
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.settings import Settings, get_settings
-from freeinference_batch_local import aws_limits, moto_serialization, moto_transactions
+from freeinference_batch_local import aws_limits, moto_expressions, moto_serialization, moto_transactions
 from freeinference_batch_local.apigw import build_event, invoke_integration, refuse_oversized_body
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
 from freeinference_batch_local.pollers import failed_message_ids, sqs_record
@@ -238,6 +238,8 @@ def harness(request, monkeypatch, tmp_path, upstream):
     request.addfinalizer(aws_limits.uninstall)
     moto_serialization.install()  # as the local stack serves moto
     request.addfinalizer(moto_serialization.uninstall)
+    moto_expressions.install()
+    request.addfinalizer(moto_expressions.uninstall)
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
