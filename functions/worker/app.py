@@ -21,14 +21,12 @@ from freeinference_batch import upstream
 from freeinference_batch.observability import logger, metrics, tracer
 from freeinference_batch.settings import get_settings
 from freeinference_batch.worker import Done, Worker
+from freeinference_batch.worker.memory import RECORD_THREADS
 
 # Cold start: an upstream URL that cannot work (Settings refuses it) or a credential this function
 # cannot read stops the function here, where its Errors alarm shows it, instead of failing or
 # retrying every request one by one. (The credential is cached: this is also the first fetch.)
 upstream.api_key(get_settings())
-
-# Up to a full SQS batch (10) of records at once: their upstream calls mostly wait on the network.
-RECORD_THREADS = 10
 
 
 class MessageParked(Exception):

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import tracemalloc
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from freeinference_batch import accounts, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
-from freeinference_batch.worker import Done, Parked, Worker
+from freeinference_batch.worker import Done, Parked, Worker, runner
+from freeinference_batch.worker.memory import MIB, LargeRequests
 
 from tests.integration.conftest import StubUpstream, sample_request
 from tests.integration.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
@@ -140,6 +143,61 @@ def test_a_worker_holds_a_request_as_bytes_in_memory_bounded_by_its_size(harness
     assert stub.received == [len(sent)]
     assert peak < 4 * len(body), f"peak {peak / 1e6:.0f} MB for a {len(body) / 1e6:.0f} MB request"
     assert harness.batch(answer["id"])["request_counts"]["completed"] == 1
+
+
+class CountingPermits(LargeRequests):
+    """The invocation's permits, counting how many are held at most at once."""
+
+    def __init__(self, permits: int) -> None:
+        super().__init__(permits)
+        self.held = self.most_held = self.taken = 0
+        self._count = threading.Lock()
+        free = self._free
+        counting = self
+
+        class Counted:
+            def acquire(self) -> None:
+                free.acquire()
+                with counting._count:
+                    counting.held += 1
+                    counting.taken += 1
+                    counting.most_held = max(counting.most_held, counting.held)
+
+            def release(self) -> None:
+                with counting._count:
+                    counting.held -= 1
+                free.release()
+
+        self._free = Counted()  # type: ignore[assignment]
+
+
+def test_large_answers_take_turns_for_the_invocations_memory_and_all_complete(harness, stub, monkeypatch):
+    # Given three requests whose answers are 2 MiB each (above LARGE_BYTES), and a worker with
+    # one permit for large requests
+    stub.answer = json.dumps({"object": "chat.completion", "choices": [{"message": {"content": "x" * 2 * MIB}}],
+                              "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+    permits = CountingPermits(1)
+    monkeypatch.setattr(runner, "large_requests", lambda settings: permits)
+    batch = harness.create([sample_request(f"q-{n}") for n in range(3)])
+    # When one invocation runs the three side by side
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        outcomes = list(pool.map(lambda n: Worker(harness.settings).process(message_for(harness, batch["id"], n),
+                                                                             NO_RECORD), range(3)))
+    # Then each took the permit in turn, and every answer was kept
+    assert all(isinstance(outcome, Done) for outcome in outcomes), outcomes
+    assert (permits.taken, permits.most_held, permits.held) == (3, 1, 0)
+    assert harness.batch(batch["id"])["request_counts"]["completed"] == 3
+    assert all(line["response"]["body"]["choices"][0]["message"]["content"] == "x" * 2 * MIB
+               for line in harness.results(batch["id"]))
+
+
+def test_small_answers_take_no_permit(harness, stub, monkeypatch):
+    stub.answer = json.dumps({"object": "chat.completion", "choices": [], "usage": {}}).encode()
+    permits = CountingPermits(1)
+    monkeypatch.setattr(runner, "large_requests", lambda settings: permits)
+    batch = harness.create([sample_request("q-0")])
+    assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
+    assert permits.taken == 0
 
 
 # ---------------------------------------------------------------- numbers JSON does not have

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -84,13 +85,16 @@ def _retry_after(response: requests.Response) -> float | None:
         return None
 
 
-def _read_body(response: requests.Response) -> bytes:
-    """The response body, refusing to hold more than MAX_RESPONSE_BYTES of it."""
+def _read_body(response: requests.Response, holding: Callable[[int], None] | None) -> bytes:
+    """The response body, refusing to hold more than MAX_RESPONSE_BYTES of it. `holding` hears
+    how much is read so far before each chunk is kept (and may make the read wait)."""
     chunks, size = [], 0
     for chunk in response.iter_content(chunk_size=256 * 1024):
         size += len(chunk)
         if size > MAX_RESPONSE_BYTES:
             raise _TooLarge
+        if holding is not None:
+            holding(size)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -127,9 +131,11 @@ def api_key(settings: Settings) -> str:
     return settings.upstream_api_key
 
 
-def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str) -> Outcome:
+def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str,
+         holding: Callable[[int], None] | None = None) -> Outcome:
     """Send one chat completion (its body as the JSON bytes stored at create) as the owner's
-    account, with the service credential (we keep only hashes of users' keys, never the keys)."""
+    account, with the service credential (we keep only hashes of users' keys, never the keys).
+    `holding`: told the response's size as it is read (see worker/memory.py)."""
     headers = {"X-FreeInference-Account": account_id, "X-FreeInference-Request-Id": request_ref,
                "X-FreeInference-Source": "batch", "Content-Type": "application/json"}
     key = api_key(settings)
@@ -142,7 +148,7 @@ def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str) 
             if response.status_code != 200:
                 kind, error = classify(response.status_code, _error_message(response))
                 return Outcome(kind, error=error, retry_after=_retry_after(response))
-            return _completion(response, _read_body(response))
+            return _completion(response, _read_body(response, holding))
     except _TooLarge:
         return Outcome("failed", error={"code": "upstream_error", "status": 502,
                                         "message": f"The model's answer is larger than {MAX_RESPONSE_BYTES} bytes; "

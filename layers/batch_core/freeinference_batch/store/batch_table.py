@@ -154,7 +154,8 @@ class _LruCache:
 
 # Chunks are weighed by their bodies' bytes, so a worker's cache stays small beside its 512 MB
 # whatever the batches hold (one chunk may be a single 32 MiB request).
-_chunks = _LruCache(48 * 1024 * 1024, weigh=lambda run: run.size)
+CHUNK_CACHE_BYTES = 48 * 1024 * 1024
+_chunks = _LruCache(CHUNK_CACHE_BYTES, weigh=lambda run: run.size)
 _lane_positions = _LruCache(256)
 
 

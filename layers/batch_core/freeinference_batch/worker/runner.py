@@ -31,6 +31,7 @@ worker leaves behind, the sweep finds by its expired lease.
 from __future__ import annotations
 
 import bisect
+import functools
 
 from pydantic import ValidationError
 
@@ -39,19 +40,27 @@ from freeinference_batch.catalog import load_catalog
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
-from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES, BatchTable
 from freeinference_batch.store.leases import Leases
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, waiting_since
 from freeinference_batch.worker.claims import Claims
 from freeinference_batch.worker.faults import maybe_crash
 from freeinference_batch.worker.gates import Gatekeeper
+from freeinference_batch.worker.memory import MIB, RECORD_THREADS, LargeRequests, large_permits
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
 from freeinference_batch.worker.settling import Settler
 from freeinference_batch.worker.waiting import WaitingRoom
 
 UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
 FRESH_COPY_AFTER_RECEIVES = 500
+
+
+@functools.cache
+def large_requests(settings: Settings) -> LargeRequests:
+    """The process's permits for large requests, sized from the function's memory."""
+    return LargeRequests(large_permits(settings.function_memory_mb * MIB, RECORD_THREADS,
+                                       CHUNK_CACHE_BYTES, settings.batch_max_body_bytes, upstream.MAX_RESPONSE_BYTES))
 
 
 class Worker:
@@ -114,11 +123,14 @@ class Worker:
         message, meta = claimed.message, claimed.meta
         self._maybe_crash("after claim")
         metric("RequestsRun")
-        body = self._request_body(meta, message.position)
-        outcome = upstream.call(self.settings, body, account_id=meta["account_id"],
-                                request_ref=f"{message.batch_id}:{message.position}")
-        self._maybe_crash("after upstream call")
-        return self.settler.settle(claimed, outcome, deadline, self.now())
+        # The body and the response are dropped once settled: a large one holds its permit till then.
+        with large_requests(self.settings).permit() as permit:
+            body = self._request_body(meta, message.position)
+            permit.hold(len(body))
+            outcome = upstream.call(self.settings, body, account_id=meta["account_id"],
+                                    request_ref=f"{message.batch_id}:{message.position}", holding=permit.hold)
+            self._maybe_crash("after upstream call")
+            return self.settler.settle(claimed, outcome, deadline, self.now())
 
     def _request_body(self, meta: dict, position: int) -> bytes:
         """The request's body as stored at create: JSON bytes, sent upstream without parsing."""
