@@ -74,7 +74,9 @@ def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) 
         names=names, final=final, old=meta["status"], zero=0, **named,
     )
     try:
-        transact([element, accounts.unfinished_decrement_update(settings, meta["owner"])])
+        # account_id, as cancel and delete give it back: the same account as `owner`, which only
+        # a delete removes (and a deleted batch never reaches a final status here).
+        transact([element, accounts.unfinished_decrement_update(settings, meta["account_id"])])
     except TransactionFailed:
         return None  # someone else finalized it, or it changed; the next look decides again
     return final
