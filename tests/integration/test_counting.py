@@ -44,7 +44,7 @@ def test_a_run_counts_its_settled_requests_now_and_then_and_all_when_it_gives_th
 
     def call_and_look(*args, **kwargs):
         meta = meta_of(harness, batch["id"])
-        seen.append((meta["completed"], meta["running"]))
+        seen.append((meta.completed, meta.running))
         if len(seen) == 2:  # the run goes on past the flush interval
             harness.advance_clock(FLUSH_SECONDS + 1)
         return real_call(*args, **kwargs)
@@ -58,9 +58,9 @@ def test_a_run_counts_its_settled_requests_now_and_then_and_all_when_it_gives_th
     assert isinstance(outcome, worker.Done)
     assert seen == [(0, 1), (0, 1), (2, 1), (2, 1)]
     meta = meta_of(harness, batch["id"])
-    assert (meta["completed"], meta.get("failed", 0), meta["running"]) == (4, 0, 0)
+    assert (meta.completed, meta.failed, meta.running) == (4, 0, 0)
     chain_cost = sum(one_cost(contents[n]) for n in (0, 4, 8, 12))
-    assert meta["cost_nano"] == usage_today(harness) == chain_cost
+    assert meta.cost_nano == usage_today(harness) == chain_cost
 
 
 @pytest.mark.parametrize("dies", ["between a settle and the next claim", "after upstream call"])
@@ -83,14 +83,14 @@ def test_the_sweep_counts_once_what_a_dead_run_settled(harness, upstream, monkey
                                                 deadline=time.monotonic() + TIME_LEFT)
     monkeypatch.setattr(worker.Worker, "_maybe_crash", lambda self, step: None)
     meta = meta_of(harness, batch["id"])
-    assert (meta["completed"], meta["running"]) == (0, 1)
+    assert (meta.completed, meta.running) == (0, 1)
     # When the run's leases have run out and the sweep runs
     expire_leases(harness)
     swept = schedules.sweep(harness.settings)
     # Then it counts the two settled requests, frees the chain and sends its next request
     assert swept["counted"] == 2 and swept["recovered"] == 1 and swept["resent"] >= 1
     meta = meta_of(harness, batch["id"])
-    assert (meta["completed"], meta["running"]) == (2, 0)
+    assert (meta.completed, meta.running) == (2, 0)
     assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
     assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
     # And a second sweep counts nothing again
@@ -99,7 +99,7 @@ def test_the_sweep_counts_once_what_a_dead_run_settled(harness, upstream, monkey
     final = harness.run_to_final(batch["id"])
     assert final["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
     assert attempts(sim, batch["id"], 0) == attempts(sim, batch["id"], 4) == 1
-    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == sum(map(one_cost, contents))
+    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == sum(map(one_cost, contents))
 
 
 def test_a_running_chain_stops_within_the_owner_reuse_window_once_its_key_is_revoked(harness, upstream, monkeypatch):
@@ -125,10 +125,10 @@ def test_a_running_chain_stops_within_the_owner_reuse_window_once_its_key_is_rev
     assert calls == [0, 4]
     assert attempts(sim, batch["id"], 8) == 0
     # And the chain's next message fails the batch, every settled request counted once
-    harness.run_until(lambda: meta_of(harness, batch["id"])["status"] == "failed")
+    harness.run_until(lambda: meta_of(harness, batch["id"]).status == "failed")
     final = meta_of(harness, batch["id"])
-    assert final["error"]["code"] == "owner_unauthorized"
-    assert (final["completed"], final.get("failed", 0), final["running"]) == (2, 0, 0)
+    assert final.error["code"] == "owner_unauthorized"
+    assert (final.completed, final.failed, final.running) == (2, 0, 0)
 
 
 def test_a_run_whose_slot_renewal_fails_gives_the_chain_up_without_claiming_more(harness, upstream, monkeypatch):
@@ -163,7 +163,7 @@ def test_a_run_whose_slot_renewal_fails_gives_the_chain_up_without_claiming_more
     assert calls == [0, 4] and attempts(sim, batch["id"], 8) == 0
     assert (state_of(harness, batch["id"], 8) or {}).get("status", "queued") == "queued"
     meta = meta_of(harness, batch["id"])
-    assert (meta["completed"], meta["running"]) == (2, 0)
+    assert (meta.completed, meta.running) == (2, 0)
     assert all(holder.startswith("other-") for holder in Leases(harness.settings).holders(model_slots_key(MODEL)))
     assert 8 in [position_of(m) for m in take_messages(harness)]
 
@@ -190,13 +190,13 @@ def test_a_stalled_run_the_sweep_took_for_dead_cannot_claim_the_chain_back(harne
     assert isinstance(outcome, worker.Done)
     assert attempts(sim, batch["id"], 4) == 0
     meta = meta_of(harness, batch["id"])
-    assert (meta["completed"], meta["running"]) == (1, 0)
+    assert (meta.completed, meta.running) == (1, 0)
     # And the batch completes from the chain's new message, every request run and counted once
     monkeypatch.setattr(worker.Worker, "_maybe_crash", lambda self, step: None)
     final = harness.run_to_final(batch["id"])
     assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
     assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
-    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == sum(map(one_cost, contents))
+    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == sum(map(one_cost, contents))
 
 
 def test_marking_a_chain_due_leaves_a_chain_a_run_has_alone(harness):

@@ -15,6 +15,7 @@ from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import values
 from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
@@ -37,8 +38,8 @@ def message_for(harness, batch_id: str, position: int, model: str = MODEL) -> Re
         model=model,
         index=lane.index(position),
         position=position,
-        account_id=meta["account_id"],
-        key_hash=meta["key_hash"],
+        account_id=meta.account_id,
+        key_hash=meta.key_hash,
     )
 
 
@@ -46,7 +47,7 @@ def now(harness) -> float:
     return clock.now(harness.clock_file)
 
 
-def meta_of(harness, batch_id: str) -> dict:
+def meta_of(harness, batch_id: str) -> BatchRecord | None:
     return BatchTable(harness.settings).get_meta(batch_id)
 
 
@@ -105,20 +106,20 @@ def test_duplicate_of_a_settled_request_is_dropped_without_counting_twice(harnes
     first = message_for(harness, batch["id"], 0)
     assert isinstance(worker.process(first, NO_RECORD), Done)
     meta = meta_of(harness, batch["id"])
-    assert meta["status"] == "in_progress" and meta["completed"] == 1
+    assert meta.status == "in_progress" and meta.completed == 1
     usage = usage_today(harness)
-    assert usage == meta["cost_nano"] == one_cost("First one")
+    assert usage == meta.cost_nano == one_cost("First one")
     # When a duplicate of its message arrives (the batch still runs)
     outcome = worker.process(first, NO_RECORD)
     # Then it is dropped: no upstream call, no count, no cost, no usage
     assert isinstance(outcome, Done)
     assert attempts(sim, batch["id"], 0) == 1
     again = meta_of(harness, batch["id"])
-    assert (again["completed"], again.get("failed", 0), again["running"], again["cost_nano"]) == (
+    assert (again.completed, again.failed, again.running, again.cost_nano) == (
         1,
         0,
         0,
-        meta["cost_nano"],
+        meta.cost_nano,
     )
     assert usage_today(harness) == usage
     assert state_of(harness, batch["id"], 0)["attempts"] == 1
@@ -127,7 +128,7 @@ def test_duplicate_of_a_settled_request_is_dropped_without_counting_twice(harnes
     final = harness.run_to_final(batch["id"])
     assert final["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
     assert attempts(sim, batch["id"], 0) == 1 and attempts(sim, batch["id"], 1) == 1
-    assert meta_of(harness, batch["id"])["cost_nano"] == one_cost("First one") + one_cost("Second one")
+    assert meta_of(harness, batch["id"]).cost_nano == one_cost("First one") + one_cost("Second one")
     assert usage_today(harness) == one_cost("First one") + one_cost("Second one")
 
 
@@ -155,7 +156,7 @@ def test_duplicate_arriving_while_the_request_runs_is_kept_until_it_settles(harn
     final = harness.batch(batch["id"])
     assert final["status"] == "completed"
     assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
-    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == one_cost("Running now")
+    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == one_cost("Running now")
 
 
 # ---------------------------------------------------------------- lost claims
@@ -183,7 +184,7 @@ def test_settle_after_the_claim_was_taken_back_changes_nothing(harness, upstream
     assert isinstance(outcome, Done)
     assert swept and swept[0]["recovered"] == 1 and swept[0]["resent"] == 1
     meta = meta_of(harness, batch["id"])
-    assert meta.get("completed", 0) == 0 and meta["running"] == 0 and meta.get("cost_nano", 0) == 0
+    assert meta.completed == 0 and meta.running == 0 and meta.cost_nano == 0
     assert usage_today(harness) == 0
     state = state_of(harness, batch["id"], 0)
     assert state["status"] == "queued" and "claim" not in state and "response" not in state
@@ -194,7 +195,7 @@ def test_settle_after_the_claim_was_taken_back_changes_nothing(harness, upstream
     assert final["status"] == "completed"
     assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     assert attempts(sim, batch["id"], 0) == 2
-    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == one_cost("Slow worker")
+    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == one_cost("Slow worker")
     assert state_of(harness, batch["id"], 0)["attempts"] == 2
 
 
@@ -217,7 +218,7 @@ def test_claim_is_refused_while_model_slots_are_full_and_succeeds_after_expired_
     assert attempts(sim, batch["id"], 0) == 0
     state = state_of(harness, batch["id"], 0)
     assert state is None or (state["status"] == "queued" and not state.get("attempts"))
-    assert meta_of(harness, batch["id"]).get("running", 0) == 0
+    assert meta_of(harness, batch["id"]).running == 0
     assert set(Leases(harness.settings).holders(model_slots_key(MODEL))) == set(dead)
     # When the dead workers' leases have expired
     harness.advance_clock(31)
@@ -367,8 +368,8 @@ def test_a_chain_runs_on_in_one_invocation_and_each_request_counts_once(harness,
     assert queued_messages(harness) == queued
     assert state_of(harness, batch["id"], 0)["status"] == state_of(harness, batch["id"], 4)["status"] == "completed"
     meta = meta_of(harness, batch["id"])
-    assert (meta["completed"], meta.get("failed", 0), meta["running"]) == (2, 0, 0)
-    assert meta["cost_nano"] == usage_today(harness) == one_cost(contents[0]) + one_cost(contents[4])
+    assert (meta.completed, meta.failed, meta.running) == (2, 0, 0)
+    assert meta.cost_nano == usage_today(harness) == one_cost(contents[0]) + one_cost(contents[4])
     assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
     assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
     # And when every queued message (chain 0's among them, now a duplicate) is delivered, each
@@ -376,7 +377,7 @@ def test_a_chain_runs_on_in_one_invocation_and_each_request_counts_once(harness,
     final = harness.run_to_final(batch["id"])
     assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
     assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
-    assert meta_of(harness, batch["id"])["cost_nano"] == usage_today(harness) == sum(map(one_cost, contents))
+    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == sum(map(one_cost, contents))
 
 
 def test_a_chain_keeps_its_slots_across_hand_overs_and_renews_them_only_when_they_run_low(
@@ -414,7 +415,7 @@ def test_a_chain_keeps_its_slots_across_hand_overs_and_renews_them_only_when_the
     # And at the chain's end both slots are free, every request counted once
     assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
     assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
-    assert meta_of(harness, batch["id"])["completed"] == 4
+    assert meta_of(harness, batch["id"]).completed == 4
 
 
 def test_a_chain_without_time_for_another_request_sends_its_next_message(harness, upstream, worker):
@@ -449,7 +450,7 @@ def test_a_failed_wake_does_not_stop_the_chain(harness, upstream, worker, monkey
     # Then the request still counts once and the chain's next message is still sent
     assert isinstance(outcome, Done)
     assert queued_messages(harness) == queued + 1
-    assert meta_of(harness, batch["id"])["completed"] == 1
+    assert meta_of(harness, batch["id"]).completed == 1
     monkeypatch.setattr(worker.waiting, "read_slots", read_slots)
     final = harness.run_to_final(batch["id"])
     assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
@@ -472,7 +473,7 @@ def test_a_chain_stops_handing_over_when_interactive_load_takes_the_model(harnes
     # Then the running request finished and gave its slot back; the next one did not start
     assert isinstance(outcome, Done)
     assert attempts(sim, batch["id"], 0) == 1 and attempts(sim, batch["id"], 4) == 0
-    assert meta_of(harness, batch["id"])["completed"] == 1
+    assert meta_of(harness, batch["id"]).completed == 1
     assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
     # And the chain's next request waits for the load to drop, then runs
     assert isinstance(worker.process(message_for(harness, batch["id"], 4), NO_RECORD), Parked)

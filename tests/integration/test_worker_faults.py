@@ -78,7 +78,7 @@ def test_a_request_whose_every_run_dies_fails_after_the_attempt_limit(harness, m
     final = harness.batch(batch["id"])
     assert final["status"] == "completed"
     assert final["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
-    assert meta_of(harness, batch["id"])["running"] == 0
+    assert meta_of(harness, batch["id"]).running == 0
     assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
     assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
 
@@ -233,7 +233,7 @@ def test_an_answer_that_is_not_a_json_object_fails_once_charged_for_what_it_serv
     assert "not valid JSON" in line["error"]["message"]
     assert state_of(harness, batch["id"], 0)["attempts"] == 1 and len(stub.received) == 1
     cost = load_catalog().models[MODEL].cost_nano(5, 7) if charged else 0
-    assert meta_of(harness, batch["id"]).get("cost_nano", 0) == usage_today(harness) == cost
+    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == cost
     assert harness.batch(batch["id"])["status"] == "completed"
 
 
@@ -301,7 +301,7 @@ def test_a_failed_batch_recovers_a_dead_run_and_its_counts_never_change(harness,
     assert accounts.revoke_key(harness.settings, harness.key)
     assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 1), NO_RECORD), Done)
     # Then the batch does not take a final status while a request runs...
-    assert meta_of(harness, batch["id"])["status"] == "in_progress"
+    assert meta_of(harness, batch["id"]).status == "in_progress"
     # ...the sweep takes the dead run back once its lease ends, and the batch fails
     expire_leases(harness)
     swept = schedules.sweep(harness.settings)

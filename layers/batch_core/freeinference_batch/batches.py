@@ -23,6 +23,7 @@ from freeinference_batch.observability import logger
 from freeinference_batch.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import input_chunks
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
 
@@ -140,7 +141,8 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         table.put_meta_element(meta),
         accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
     ]
-    answer = views.batch_object(meta)
+    # The answer from the item as written, read the way every later read reads it.
+    answer = views.batch_object(BatchRecord.model_validate(meta))
     if key is not None:
         # In the same transaction: the batch and its key's record commit together, or neither.
         elements.append(idempotency.record_element(settings, key, batch_id, answer, now))
@@ -151,7 +153,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
             # META exists: only this call can have written it (the id is new), so an earlier try
             # of this same transaction committed and its answer was lost (botocore re-sends after
             # a 5xx or a reset connection). The batch is stored: carry on, never purge it.
-            start_chains(settings, table, meta, first_messages, lane_widths, lanes)
+            start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
             return Created(answer)
         # Nothing of it is visible: remove what step 1 stored (its S3 objects by name, so the API
         # needs no right to list the bucket).
@@ -173,11 +175,11 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
 
     # 3. Start the chains. The batch is stored: whatever happens now, the answer is 200 (a 5xx
     #    would make a client retry and create it twice), and the sweep starts what this misses.
-    start_chains(settings, table, meta, first_messages, lane_widths, lanes)
+    start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
     return Created(answer)
 
 
-def start_chains(settings: Settings, table: BatchTable, meta: dict, messages: list[RequestMessage],
+def start_chains(settings: Settings, table: BatchTable, batch_id: str, messages: list[RequestMessage],
                  lane_widths: dict[str, int], lanes: dict[str, list[int]]) -> None:
     """Send a new batch's first messages; if that fails, mark its chains due for the next sweep.
 
@@ -189,15 +191,15 @@ def start_chains(settings: Settings, table: BatchTable, meta: dict, messages: li
         return
     except Exception:
         logger.exception("dispatch failed after the batch was stored; its chains are left to the sweep",
-                         extra={"batch_id": meta["id"]})
+                         extra={"batch_id": batch_id})
     now = clock.now(settings.clock_offset_file)
     try:
         for model, positions in lanes.items():
             for slot in range(min(lane_widths[model], len(positions))):
-                table.set_lane_lease(meta["id"], model, slot, slot, now)  # only if the chain has not moved
+                table.set_lane_lease(batch_id, model, slot, slot, now)  # only if the chain has not moved
     except Exception:
         logger.exception("could not mark the chains due; their dispatch leases will recover them",
-                         extra={"batch_id": meta["id"]})
+                         extra={"batch_id": batch_id})
 
 
 def _busy(doing: str) -> ServiceUnavailable:
@@ -209,20 +211,20 @@ def _busy(doing: str) -> ServiceUnavailable:
 # ---- read -------------------------------------------------------------------------------
 
 
-def visible_meta(meta: dict | None, account_id: str, now: float) -> bool:
-    if meta is None or meta.get("account_id") != account_id:
+def visible_meta(meta: BatchRecord | None, account_id: str, now: float) -> bool:
+    if meta is None or meta.account_id != account_id:
         return False
-    if meta["status"] in (BatchStatus.CREATING, BatchStatus.DELETED):
+    if meta.status in (BatchStatus.CREATING, BatchStatus.DELETED):
         return False
     # Past retention the batch is gone, whether or not the purge has reached it yet.
-    return not (lifecycle.is_final(meta["status"]) and now >= meta.get("purge_at", float("inf")))
+    return not (lifecycle.is_final(meta.status) and meta.purge_at is not None and now >= meta.purge_at)
 
 
-def owned_meta(settings: Settings, principal: Principal, batch_id: str) -> dict:
+def owned_meta(settings: Settings, principal: Principal, batch_id: str) -> BatchRecord:
     if BATCH_ID.match(batch_id or ""):
         meta = BatchTable(settings).get_meta(batch_id)
-        if visible_meta(meta, principal.account_id, clock.now(settings.clock_offset_file)):
-            return meta  # type: ignore[return-value]
+        if meta is not None and visible_meta(meta, principal.account_id, clock.now(settings.clock_offset_file)):
+            return meta
     raise NotFound(f"Batch {batch_id[:100]!r} not found", code="batch_not_found")
 
 
@@ -254,7 +256,7 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
         # From the id alone, in the caller's own list: the batch may have been deleted or purged
         # since the previous page, and another account's id gives only a time, never its items.
         start_key = table.owner_index_start(principal.account_id, after)
-    found: list[dict] = []
+    found: list[BatchRecord] = []
     while len(found) <= limit:
         page, start_key = table.list_owner(principal.account_id, limit + 1 - len(found), start_key)
         found.extend(m for m in page if visible_meta(m, principal.account_id, now))
@@ -283,20 +285,20 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
     table = BatchTable(settings)
     for _ in range(10):
         meta = owned_meta(settings, principal, batch_id)
-        if meta["status"] not in lifecycle.RUNNABLE:
+        if meta.status not in lifecycle.RUNNABLE:
             return views.batch_object(meta)  # finished or already cancelling: unchanged
         now = int(clock.now(settings.clock_offset_file))
-        if meta.get("running", 0) == 0:
+        if meta.running == 0:
             clause, named = lifecycle.finished_fields(settings, now)
             element = table.meta_update_element(
                 batch_id,
                 f"SET #status = :cancelled, cancelling_at = :now, cancelled_at = :now, {clause} REMOVE open_shard",
                 "#status = :old AND running = :zero",
-                names={"#status": "status", "#ttl": "ttl"}, cancelled=BatchStatus.CANCELLED, old=meta["status"], zero=0,
+                names={"#status": "status", "#ttl": "ttl"}, cancelled=BatchStatus.CANCELLED, old=meta.status, zero=0,
                 **named,
             )
             try:
-                transact([element, accounts.unfinished_decrement_update(settings, meta["account_id"])])
+                transact([element, accounts.unfinished_decrement_update(settings, meta.account_id)])
             except TransactionConflict:
                 raise _busy("cancelling the batch") from None
             except TransactionFailed:
@@ -304,7 +306,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         else:
             updated = table.update_meta(
                 batch_id, "SET #status = :cancelling, cancelling_at = :now", "#status = :old AND running > :zero",
-                names={"#status": "status"}, cancelling=BatchStatus.CANCELLING, now=now, old=meta["status"], zero=0,
+                names={"#status": "status"}, cancelling=BatchStatus.CANCELLING, now=now, old=meta.status, zero=0,
             )
             if updated is None:
                 continue
@@ -316,7 +318,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
 def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
     table = BatchTable(settings)
     meta = owned_meta(settings, principal, batch_id)
-    running = meta.get("running", 0)
+    running = meta.running
     if running:
         raise Conflict(f"Batch {batch_id} has {running} request{'s' if running != 1 else ''} running; "
                        "cancel it and wait for them to finish, then delete it", code="batch_running")
@@ -327,11 +329,11 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         "REMOVE #owner, created_key, open_shard",
         "#status = :old AND running = :zero",
         names={"#status": "status", "#owner": "owner"},
-        deleted=BatchStatus.DELETED, now=now, purge=PURGE_SHARD, old=meta["status"], zero=0,
+        deleted=BatchStatus.DELETED, now=now, purge=PURGE_SHARD, old=meta.status, zero=0,
     )
     elements = [element]
-    if not lifecycle.is_final(meta["status"]):
-        elements.append(accounts.unfinished_decrement_update(settings, meta["account_id"]))
+    if not lifecycle.is_final(meta.status):
+        elements.append(accounts.unfinished_decrement_update(settings, meta.account_id))
     try:
         transact(elements)
     except TransactionConflict:

@@ -11,6 +11,7 @@ from typing import Any
 from freeinference_batch import accounts
 from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import PURGE_SHARD, BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 
@@ -34,30 +35,30 @@ def finished_fields(settings: Settings, now: float) -> tuple[str, dict[str, Any]
     return clause, named
 
 
-def starts_requests(meta: dict, now: float) -> bool:
+def starts_requests(meta: BatchRecord, now: float) -> bool:
     """Whether a request of this batch may start now."""
-    return meta["status"] in RUNNABLE and "failing" not in meta and now < meta["expires_at"]
+    return meta.status in RUNNABLE and meta.failing is None and now < meta.expires_at
 
 
-def decide_final_status(meta: dict, now: float) -> BatchStatus | None:
+def decide_final_status(meta: BatchRecord, now: float) -> BatchStatus | None:
     """The final status a batch should take now, if any. Running requests always finish first,
     so a batch in a final status has none running and its counts never change again."""
-    status = meta["status"]
-    if meta.get("running", 0) > 0:
+    status = meta.status
+    if meta.running > 0:
         return None
     if status == BatchStatus.CANCELLING:
         return BatchStatus.CANCELLED
     if status in RUNNABLE:
-        if meta.get("completed", 0) + meta.get("failed", 0) >= meta["total"]:
+        if meta.completed + meta.failed >= meta.total:
             return BatchStatus.COMPLETED
-        if "failing" in meta:
+        if meta.failing is not None:
             return BatchStatus.FAILED
-        if now >= meta["expires_at"]:
+        if now >= meta.expires_at:
             return BatchStatus.EXPIRED
     return None
 
 
-def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) -> BatchStatus | None:
+def try_finalize(settings: Settings, table: BatchTable, meta: BatchRecord, now: float) -> BatchStatus | None:
     """Move the batch to its final status if it has reached one; returns that status or None."""
     final = decide_final_status(meta, now)
     if final is None:
@@ -68,25 +69,28 @@ def try_finalize(settings: Settings, table: BatchTable, meta: dict, now: float) 
         clause += ", #error = failing"
         names["#error"] = "error"
     element = table.meta_update_element(
-        meta["id"],
+        meta.id,
         f"SET #status = :final, {final}_at = :now, {clause} REMOVE open_shard",
         "#status = :old AND running = :zero",
-        names=names, final=final, old=meta["status"], zero=0, **named,
+        names=names, final=final, old=meta.status, zero=0, **named,
     )
     try:
-        transact([element, accounts.unfinished_decrement_update(settings, meta["owner"])])
+        # account_id, as cancel and delete give it back: the same account as `owner`, which only
+        # a delete removes (and a deleted batch never reaches a final status here).
+        transact([element, accounts.unfinished_decrement_update(settings, meta.account_id)])
     except TransactionFailed:
         return None  # someone else finalized it, or it changed; the next look decides again
     return final
 
 
-def fail_batch(settings: Settings, table: BatchTable, meta: dict, now: float, code: str, message: str) -> bool:
+def fail_batch(settings: Settings, table: BatchTable, meta: BatchRecord, now: float, code: str,
+               message: str) -> bool:
     """The owner lost the right to run it: no request starts any more, and the batch fails as
     soon as none runs (at once if none does). Until then it stays open, so the sweep still
     recovers a running request whose worker died, and it keeps its status: a final status is
     final, counts included."""
     updated = table.update_meta(
-        meta["id"], "SET failing = :error", "#status IN (:validating, :in_progress)",
+        meta.id, "SET failing = :error", "#status IN (:validating, :in_progress)",
         names={"#status": "status"}, error={"code": code, "message": message},
         validating=BatchStatus.VALIDATING, in_progress=BatchStatus.IN_PROGRESS,
     )

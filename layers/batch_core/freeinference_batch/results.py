@@ -11,25 +11,26 @@ from freeinference_batch.batches import owned_meta
 from freeinference_batch.errors import BadRequest
 from freeinference_batch.schemas import Page, RequestStatus
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 
 RESULT_ID = re.compile(r"^batch_req_(\d{1,18})$")
 
 
-def result_id(meta: dict, position: int) -> str:
-    return f"batch_req_{meta['id_base'] + position}"
+def result_id(meta: BatchRecord, position: int) -> str:
+    return f"batch_req_{meta.id_base + position}"
 
 
-def position_after(meta: dict, after: str | None) -> int:
+def position_after(meta: BatchRecord, after: str | None) -> int:
     """The position to start from: 0, or the one after the result `after` names."""
     if not after:
         return 0
     match = RESULT_ID.match(after)
     if not match:
         raise BadRequest(f"after must be a result ID such as 'batch_req_42' (got {after[:100]!r})", param="after")
-    position = int(match.group(1)) - meta["id_base"]
-    if not 0 <= position < meta["total"]:
-        raise BadRequest(f"after {after!r} is not a result of batch {meta['id']}", param="after")
+    position = int(match.group(1)) - meta.id_base
+    if not 0 <= position < meta.total:
+        raise BadRequest(f"after {after!r} is not a result of batch {meta.id}", param="after")
     return position + 1
 
 
@@ -37,14 +38,14 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
     meta = owned_meta(settings, principal, batch_id)
     table = BatchTable(settings)
     first = position_after(meta, after)
-    last = min(meta["total"], first + limit) - 1
+    last = min(meta.total, first + limit) - 1
     data: list[dict] = []
     budget = pages.Budget(settings.batch_page_budget_bytes)
     end = first  # the first position not on this page
     if first <= last:
         states = table.iter_requests(batch_id, first, last)
         stated, state_of_stated = next(states, (None, None))
-        starts = meta["chunk_starts"]
+        starts = meta.chunk_starts
         number = bisect.bisect_right(starts, first) - 1
         custom_ids, chunk_start = table.get_custom_ids(batch_id, number), starts[number]
         for position in range(first, last + 1):
@@ -68,7 +69,7 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
             end = position + 1
     return Page(
         data=data,
-        has_more=end < meta["total"],
+        has_more=end < meta.total,
         first_id=data[0]["id"] if data else None,
         last_id=data[-1]["id"] if data else None,
     ).model_dump(mode="json")

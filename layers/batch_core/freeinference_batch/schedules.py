@@ -6,6 +6,7 @@ from freeinference_batch import clock, dispatch, lifecycle
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
@@ -29,7 +30,7 @@ def expire(settings: Settings) -> dict:
             continue
         if lifecycle.try_finalize(settings, table, meta, now):
             expired += 1
-        elif now >= meta["expires_at"] + PAST_WINDOW_GRACE_SECONDS:
+        elif now >= meta.expires_at + PAST_WINDOW_GRACE_SECONDS:
             stuck += 1
     return {"expired": expired, "past_window": stuck}
 
@@ -45,29 +46,29 @@ def sweep(settings: Settings) -> dict:
     counts = {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0}
     for item in table.open_batches():
         meta = table.get_meta(batch_id_of(item))
-        if meta is None or lifecycle.is_final(meta["status"]):
+        if meta is None or lifecycle.is_final(meta.status):
             continue
         if lifecycle.try_finalize(settings, table, meta, now):
             counts["finalized"] += 1
             continue
         changed = counts["recovered"] + counts["interrupted"] + counts["counted"]
-        for lane in table.get_lanes(meta["id"]):
+        for lane in table.get_lanes(meta.id):
             _sweep_lane(settings, table, writes, meta, lane, now, counts)
         if counts["recovered"] + counts["interrupted"] + counts["counted"] > changed:  # maybe the last
-            fresh = table.get_meta(meta["id"])
+            fresh = table.get_meta(meta.id)
             if fresh is not None and lifecycle.try_finalize(settings, table, fresh, now):
                 counts["finalized"] += 1
     return counts
 
 
-def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: dict, lane: dict, now: float,
-                counts: dict) -> None:
+def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: BatchRecord, lane: dict,
+                now: float, counts: dict) -> None:
     positions: list[int] | None = None
     width, size = lane["width"], lane["size"]
     for chain, (head, lease, runner) in enumerate(zip(lane["heads"], lane["leases"], lane["runners"], strict=True)):
         if lease > now or (head >= size and not runner):
             continue
-        positions = positions or table.get_lane_positions(meta["id"], lane["model"])
+        positions = positions or table.get_lane_positions(meta.id, lane["model"])
         counted = _count_settled(table, writes, meta, lane, head, runner, positions, now)
         if counted is None:
             continue  # the chain moved meanwhile: its run is alive after all
@@ -79,7 +80,7 @@ def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: 
                 counts["recovered"] += 1
             continue
         position = positions[head]
-        state = table.get_request(meta["id"], position)
+        state = table.get_request(meta.id, position)
         if state and state["status"] == RequestStatus.RUNNING:
             if state.get("lease_until", 0) > now:
                 continue
@@ -101,8 +102,8 @@ def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: 
         _send_next(settings, table, meta, lane, head, positions, now, counts)
 
 
-def _count_settled(table: BatchTable, writes: RunWrites, meta: dict, lane: dict, head: int, runner: str | None,
-                   positions: list[int], now: float) -> int | None:
+def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane: dict, head: int,
+                   runner: str | None, positions: list[int], now: float) -> int | None:
     """Count the requests a dead run settled past its chain's head, moving the head past them
     (conditional on the head as read, as a live run's flush is): the chain's head afterwards, or
     None when the chain moved meanwhile."""
@@ -111,7 +112,7 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: dict, lane: dict,
     index, done = head, False
     while index < size and not done:
         looked = range(index, min(size, index + READ_AHEAD * width), width)
-        outcomes = table.get_outcomes(meta["id"], [positions[i] for i in looked])
+        outcomes = table.get_outcomes(meta.id, [positions[i] for i in looked])
         for looked_index in looked:
             status, cost = outcomes.get(positions[looked_index], (RequestStatus.QUEUED, 0))
             if status in (RequestStatus.QUEUED, RequestStatus.RUNNING):
@@ -122,44 +123,44 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: dict, lane: dict,
     if not tally.settled:
         return head
     try:
-        transact(writes.flush(meta["id"], meta["account_id"], tally, runner, now, now))
+        transact(writes.flush(meta.id, meta.account_id, tally, runner, now, now))
     except TransactionFailed:
         return None
-    logger.warning("counted requests a stopped run had settled", extra={"batch_id": meta["id"],
+    logger.warning("counted requests a stopped run had settled", extra={"batch_id": meta.id,
                                                                       "requests": tally.settled})
     return tally.next_head
 
 
-def _stop_chain(writes: RunWrites, meta: dict, lane: dict, chain: int, runner: str,
+def _stop_chain(writes: RunWrites, meta: BatchRecord, lane: dict, chain: int, runner: str,
                 fence_position: int | None = None) -> bool:
     """A run died holding the chain but no request: the chain is free again, one running fewer."""
     leases = Leases(writes.settings)
     try:
-        transact([*writes.stop_chain(meta["id"], lane["model"], chain, runner, fence_position),
+        transact([*writes.stop_chain(meta.id, lane["model"], chain, runner, fence_position),
                   leases.release_element(model_slots_key(lane["model"]), runner),
-                  leases.release_element(account_slots_key(meta["account_id"]), runner)])
+                  leases.release_element(account_slots_key(meta.account_id), runner)])
     except TransactionFailed:
         return False
-    logger.warning("freed the chain of a run that stopped", extra={"batch_id": meta["id"], "chain": chain})
+    logger.warning("freed the chain of a run that stopped", extra={"batch_id": meta.id, "chain": chain})
     return True
 
 
-def _send_next(settings: Settings, table: BatchTable, meta: dict, lane: dict, head: int, positions: list[int],
-               now: float, counts: dict) -> None:
+def _send_next(settings: Settings, table: BatchTable, meta: BatchRecord, lane: dict, head: int,
+               positions: list[int], now: float, counts: dict) -> None:
     """Send the message of the lane's chain standing at `head`, unless nothing more may start."""
     if head >= lane["size"] or not lifecycle.starts_requests(meta, now):
         return  # nothing more will start; a taken-back request reads as not started
     model, slot = lane["model"], head % lane["width"]
     until = now + settings.batch_dispatch_lease_seconds
-    if table.set_lane_lease(meta["id"], model, slot, head, until):
-        dispatch.send(settings, [RequestMessage(batch_id=meta["id"], model=model, index=head, position=positions[head],
-                                                account_id=meta["account_id"], key_hash=meta["key_hash"])])
+    if table.set_lane_lease(meta.id, model, slot, head, until):
+        dispatch.send(settings, [RequestMessage(batch_id=meta.id, model=model, index=head, position=positions[head],
+                                                account_id=meta.account_id, key_hash=meta.key_hash)])
         counts["resent"] += 1
-        logger.info("re-sent a lost request message", extra={"batch_id": meta["id"], "position": positions[head]})
+        logger.info("re-sent a lost request message", extra={"batch_id": meta.id, "position": positions[head]})
 
 
-def _take_back(writes: RunWrites, table: BatchTable, meta: dict, lane: dict, head: int, position: int, state: dict,
-               runner: str | None, now: float, interrupted: bool) -> bool:
+def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: dict, head: int, position: int,
+               state: dict, runner: str | None, now: float, interrupted: bool) -> bool:
     """A worker died while running this request: back to queued, or, when every run of it died
     (say, the worker ran out of memory on it), failed with `run_interrupted` and counted, its
     chain moving past it; or it would take a worker down, and every request beside it, forever.
@@ -176,25 +177,25 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: dict, lane: dict, hea
                  "message": f"Each of the request's {attempts} runs stopped before it finished "
                             "(the worker running it failed); it is not tried again"}
         request = table.request_update_element(
-            meta["id"], position, "SET #status = :failed, #error = :error, finished_at = :now "
+            meta.id, position, "SET #status = :failed, #error = :error, finished_at = :now "
             "REMOVE claim, slot_holder, lease_until", "#status = :running AND claim = :claim",
             names={"#status": "status", "#error": "error"}, failed=RequestStatus.FAILED, error=error,
             now=int(now), running=RequestStatus.RUNNING, claim=claim)
         failed = Tally(lane["model"], lane["width"], head, now, failed=1)
-        chain = writes.flush(meta["id"], meta["account_id"], failed, runner, now, now, stop=runner is not None)
+        chain = writes.flush(meta.id, meta.account_id, failed, runner, now, now, stop=runner is not None)
     else:
         request = table.request_update_element(
-            meta["id"], position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
+            meta.id, position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
             "#status = :running AND claim = :claim", names={"#status": "status"},
             queued=RequestStatus.QUEUED, running=RequestStatus.RUNNING, claim=claim, zero=0)
-        chain = writes.stop_chain(meta["id"], lane["model"], head % lane["width"], runner) if runner else []
+        chain = writes.stop_chain(meta.id, lane["model"], head % lane["width"], runner) if runner else []
     try:
         transact([request, *chain, leases.release_element(model_slots_key(lane["model"]), holder),
-                  leases.release_element(account_slots_key(meta["account_id"]), holder)])
+                  leases.release_element(account_slots_key(meta.account_id), holder)])
     except TransactionFailed:
         return False
     done = "failed a request whose every run was interrupted" if interrupted else "took back a stopped run's request"
-    logger.warning(done, extra={"batch_id": meta["id"], "position": position})
+    logger.warning(done, extra={"batch_id": meta.id, "position": position})
     return True
 
 

@@ -10,8 +10,7 @@ from typing import Any
 
 from freeinference_batch.catalog import NANO_PER_USD
 from freeinference_batch.schemas import BatchObject, BatchStatus, RequestCounts, RequestStatus, ResultLine
-
-TIMESTAMPS = ("in_progress_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
+from freeinference_batch.store.batch_record import BatchRecord
 
 NOT_STARTED = {
     # batch status -> (result status, error) for a request that has no final state of its own
@@ -31,41 +30,45 @@ def window_label(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def request_counts(meta: dict) -> RequestCounts:
-    total = meta["total"]
-    completed = meta.get("completed", 0)
-    if meta["status"] in (BatchStatus.FAILED, BatchStatus.EXPIRED):
+def request_counts(meta: BatchRecord) -> RequestCounts:
+    total, completed = meta.total, meta.completed
+    if meta.status in (BatchStatus.FAILED, BatchStatus.EXPIRED):
         # Every request that did not succeed and is not still finishing counts as failed.
-        failed = total - completed - meta.get("running", 0)
+        failed = total - completed - meta.running
     else:
-        failed = meta.get("failed", 0)
+        failed = meta.failed
     return RequestCounts(total=total, completed=completed, failed=failed)
 
 
-def batch_object(meta: dict) -> dict[str, Any]:
+def batch_object(meta: BatchRecord) -> dict[str, Any]:
     obj = BatchObject(
-        id=meta["id"],
-        completion_window=window_label(meta["window_seconds"]),
-        status=meta["status"],
-        created_at=meta["created_at"],
-        expires_at=meta["expires_at"],
+        id=meta.id,
+        completion_window=window_label(meta.window_seconds),
+        status=meta.status,
+        created_at=meta.created_at,
+        expires_at=meta.expires_at,
         request_counts=request_counts(meta),
-        metadata=meta.get("metadata"),
-        cost_usd=round(meta.get("cost_nano", 0) / NANO_PER_USD, 9),
-        error=meta.get("error"),
-        **{name: meta.get(name) for name in TIMESTAMPS},
+        metadata=meta.metadata,
+        cost_usd=round(meta.cost_nano / NANO_PER_USD, 9),
+        error=meta.error,
+        in_progress_at=meta.in_progress_at,
+        completed_at=meta.completed_at,
+        failed_at=meta.failed_at,
+        expired_at=meta.expired_at,
+        cancelling_at=meta.cancelling_at,
+        cancelled_at=meta.cancelled_at,
     )
     return obj.model_dump(mode="json")
 
 
-def result_line(meta: dict, result_id: str, custom_id: str, state: dict | None,
+def result_line(meta: BatchRecord, result_id: str, custom_id: str, state: dict | None,
                 response: dict | None) -> dict[str, Any]:
     status = state["status"] if state else RequestStatus.QUEUED
     error = state.get("error") if state else None
     if (status not in (RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.RUNNING)
-            and meta["status"] in NOT_STARTED):
+            and meta.status in NOT_STARTED):
         # A request waiting for its retry did run: it keeps the error of its last attempt.
-        status, batch_error = NOT_STARTED[meta["status"]]
+        status, batch_error = NOT_STARTED[meta.status]
         error = error or batch_error
     line = ResultLine(
         id=result_id,

@@ -17,6 +17,8 @@ item, so the big immutable parts live in items of their own, and each chain of a
 hundreds) moves its own item rather than an entry of a lane-wide list. Model ids hold no `#`
 (catalog.py), so a chain's key names its lane unambiguously: `LANE#glm#00003` is of lane `glm`
 whatever other models' ids begin with `glm`.
+
+META is read as a `BatchRecord` (batch_record.py): every read of it answers one.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from botocore.exceptions import ClientError
 from freeinference_batch import aws
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import input_chunks
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import (
     apply_update,
     batch_get,
@@ -77,6 +80,11 @@ def batch_id_of(item: dict) -> str:
 
 def meta_key(batch_id: str) -> dict:
     return key(batch_pk(batch_id), META)
+
+
+def record_of(item: dict[str, Any] | None) -> BatchRecord | None:
+    """The batch record of a META item as `from_item` gives it (None for no item)."""
+    return None if item is None else BatchRecord.model_validate(item)
 
 
 def chunk_sk(number: int) -> str:
@@ -209,9 +217,9 @@ class BatchTable:
 
     # ---- read ---------------------------------------------------------------------------
 
-    def get_meta(self, batch_id: str, *, consistent: bool = True) -> dict | None:
+    def get_meta(self, batch_id: str, *, consistent: bool = True) -> BatchRecord | None:
         answer = aws.dynamodb().get_item(TableName=self.name, Key=meta_key(batch_id), ConsistentRead=consistent)
-        return from_item(answer.get("Item"))
+        return record_of(from_item(answer.get("Item")))
 
     def get_chunk(self, batch_id: str, number: int) -> input_chunks.InputRun:
         """The requests of one input chunk. Cached: chunks never change."""
@@ -325,7 +333,8 @@ class BatchTable:
             Params={"Bucket": self.bucket, "Key": state["response_s3_key"], "ResponseContentType": "application/json",
                     "ResponseContentEncoding": "gzip"})
 
-    def list_owner(self, account_id: str, limit: int, start_key: dict | None) -> tuple[list[dict], dict | None]:
+    def list_owner(self, account_id: str, limit: int,
+                   start_key: dict | None) -> tuple[list[BatchRecord], dict | None]:
         kwargs: dict[str, Any] = {
             "TableName": self.name,
             "IndexName": "owner-index",
@@ -368,17 +377,18 @@ class BatchTable:
             KeyConditionExpression="open_shard = :shard", ExpressionAttributeValues=values(shard=OPEN_SHARD),
         ))
 
-    def get_metas(self, batch_ids: list[str]) -> dict[str, dict]:
+    def get_metas(self, batch_ids: list[str]) -> dict[str, BatchRecord]:
         if not batch_ids:
             return {}
         found = batch_get({self.name: {"Keys": [meta_key(b) for b in batch_ids], "ConsistentRead": True}})
-        return {item["id"]: item for item in found[self.name]}
+        records = (BatchRecord.model_validate(item) for item in found[self.name])
+        return {record.id: record for record in records}
 
     # ---- state changes ------------------------------------------------------------------
 
     def update_meta(self, batch_id: str, expression: str, condition: str, names: dict | None = None,
-                    **named: Any) -> dict | None:
-        """A conditional META update; the new item, or None when the condition did not hold."""
+                    **named: Any) -> BatchRecord | None:
+        """A conditional META update; the new record, or None when the condition did not hold."""
         kwargs: dict[str, Any] = {
             "TableName": self.name, "Key": meta_key(batch_id), "UpdateExpression": expression,
             "ConditionExpression": condition, "ReturnValues": "ALL_NEW",
@@ -388,7 +398,7 @@ class BatchTable:
         if names:
             kwargs["ExpressionAttributeNames"] = names
         try:
-            return from_item(aws.dynamodb().update_item(**kwargs)["Attributes"])
+            return record_of(from_item(aws.dynamodb().update_item(**kwargs)["Attributes"]))
         except ClientError as error:
             if is_conditional_failure(error):
                 return None

@@ -25,6 +25,7 @@ from freeinference_batch import clock
 from freeinference_batch.schemas import BatchStatus, RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 
 # The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
@@ -97,10 +98,10 @@ class RunWrites:
             lease=lease_until, ttl=ttl,
         )
 
-    def start_chain(self, message: RequestMessage, meta: dict, holder: str, now: float) -> list[dict]:
+    def start_chain(self, message: RequestMessage, meta: BatchRecord, holder: str, now: float) -> list[dict]:
         """A run takes the message's chain, at its head, and the batch counts one more running
         (and is in progress), if it still starts requests."""
-        width = meta["lane_widths"][message.model]
+        width = meta.lane_widths[message.model]
         return [
             self.table.meta_update_element(
                 message.batch_id,
@@ -175,17 +176,17 @@ class RunWrites:
                 runner=runner, queued=RequestStatus.QUEUED))
         return elements
 
-    def fail_unrun(self, message: RequestMessage, meta: dict, error: dict, now: float) -> list[dict]:
+    def fail_unrun(self, message: RequestMessage, meta: BatchRecord, error: dict, now: float) -> list[dict]:
         """A request that can never run fails without a claim, counted at once (no run has its
         chain: it moves past it)."""
-        width = meta["lane_widths"][message.model]
+        width = meta.lane_widths[message.model]
         return [
             self.table.request_update_element(
                 message.batch_id, message.position,
                 "SET #status = :failed, #error = :error, finished_at = :now, #ttl = :ttl",
                 "attribute_not_exists(pk) OR #status = :queued",
                 names={"#status": "status", "#error": "error", "#ttl": "ttl"},
-                failed=RequestStatus.FAILED, error=error, now=int(now), ttl=meta["ttl"],
+                failed=RequestStatus.FAILED, error=error, now=int(now), ttl=meta.ttl,
                 queued=RequestStatus.QUEUED),
             self.table.meta_update_element(message.batch_id, "ADD failed :one", one=1),
             self.table.chain_move_element(message.batch_id, message.model, message.index % width, message.index,

@@ -6,15 +6,16 @@ from __future__ import annotations
 from freeinference_batch import dispatch, lifecycle
 from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 
 
-def chain_of(message: RequestMessage, meta: dict) -> int:
+def chain_of(message: RequestMessage, meta: BatchRecord) -> int:
     """Which of its lane's chains the message's request belongs to."""
-    return message.index % meta["lane_widths"][message.model]
+    return message.index % meta.lane_widths[message.model]
 
 
-def waiter_id(message: RequestMessage, meta: dict) -> str:
+def waiter_id(message: RequestMessage, meta: BatchRecord) -> str:
     """The chain's entry among a slots item's waiters: one per waiting chain."""
     return f"{message.batch_id}#{chain_of(message, meta)}"
 
@@ -27,9 +28,9 @@ def waiting_since(message: RequestMessage, record: dict, now: float) -> float:
     return float(record.get("attributes", {}).get("SentTimestamp", now * 1000)) / 1000
 
 
-def remaining(meta: dict) -> int:
+def remaining(meta: BatchRecord) -> int:
     """The batch's requests not yet settled."""
-    return int(meta["total"]) - int(meta.get("completed", 0)) - int(meta.get("failed", 0))
+    return meta.total - meta.completed - meta.failed
 
 
 class Chains:
@@ -37,16 +38,16 @@ class Chains:
         self.settings = settings
         self.table = table
 
-    def following(self, message: RequestMessage, meta: dict) -> RequestMessage | None:
+    def following(self, message: RequestMessage, meta: BatchRecord) -> RequestMessage | None:
         """The chain's next request, or None at the chain's end."""
-        width = meta["lane_widths"][message.model]
+        width = meta.lane_widths[message.model]
         positions = self.table.get_lane_positions(message.batch_id, message.model)
         index = message.index + width
         if index >= len(positions):
             return None
         return message.model_copy(update={"index": index, "position": positions[index], "waiting_since": None})
 
-    def renew_dispatch_lease(self, message: RequestMessage, meta: dict, until: float) -> None:
+    def renew_dispatch_lease(self, message: RequestMessage, meta: BatchRecord, until: float) -> None:
         """Tell the sweep the chain standing at this request is alive (it waits), so it sends no duplicate."""
         self.table.set_lane_lease(message.batch_id, message.model, chain_of(message, meta), message.index, until)
         self.table.update_request(message.batch_id, message.position, "SET lease_until = :until",

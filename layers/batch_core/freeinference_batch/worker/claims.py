@@ -10,6 +10,7 @@ from freeinference_batch import fairness, lifecycle
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, new_holder
@@ -81,7 +82,7 @@ class Claims:
         slots_until = now + self.settings.slot_lease_seconds
         waiting_as = waiter_id(message, meta)
         claim = [
-            self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta["ttl"]),
+            self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta.ttl),
             *self.writes.start_chain(message, meta, holder, now),
             *(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
                                           stop_waiting=waiting_as if waiting_as in (item or {}).get("waiters", {})
@@ -104,7 +105,7 @@ class Claims:
             slots_key, _, capacity = slots[0 if failure.failed(3) else 1]
             return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
         metric("QueueWait", max(0.0, now - sent), "Seconds")
-        tally = Tally(message.model, meta["lane_widths"][message.model], head=message.index, since=now)
+        tally = Tally(message.model, meta.lane_widths[message.model], head=message.index, since=now)
         return Claimed(message, meta, token, holder, has_record=True, tally=tally, capacity=verdict.capacity,
                        backoff=gates.backoff)
 
@@ -122,7 +123,7 @@ class Claims:
             return Parked(0)
         return Done()
 
-    def _fail_unrun(self, message: RequestMessage, meta: dict, now: float, error: dict) -> Done:
+    def _fail_unrun(self, message: RequestMessage, meta: BatchRecord, now: float, error: dict) -> Done:
         """A request that can never run (its model left the catalog) fails without a claim."""
         try:
             transact(self.writes.fail_unrun(message, meta, error, now))

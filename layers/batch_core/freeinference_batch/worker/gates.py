@@ -12,7 +12,8 @@ from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
-from freeinference_batch.store.batch_table import BatchTable, meta_key
+from freeinference_batch.store.batch_record import BatchRecord
+from freeinference_batch.store.batch_table import BatchTable, meta_key, record_of
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import account_slots_key, model_slots_key
 
@@ -21,7 +22,7 @@ from freeinference_batch.store.leases import account_slots_key, model_slots_key
 class Gates:
     """What the gate read found for one request."""
 
-    meta: dict | None
+    meta: BatchRecord | None
     key_item: dict
     account: dict
     usage_nano: int
@@ -84,14 +85,14 @@ class Gatekeeper:
             self.table.name: {"Keys": [meta_key(message.batch_id)], "ConsistentRead": True},
             self.settings.accounts_table_name: {"Keys": accounts_keys, "ConsistentRead": True},
         })
-        meta = found[self.table.name][0] if found[self.table.name] else None
+        meta = record_of(found[self.table.name][0] if found[self.table.name] else None)
         by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
         if not reuse:
             self._kept = {name: by_key.get(name) for name in names}
             self._kept_at = now
         model_slots, account_slots, load = (by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in fresh_keys)
         key_item, account, usage, backoff = (self._kept[name] for name in names)
-        if meta is not None and (meta["account_id"] != account_id or meta["key_hash"] != key_hash):
+        if meta is not None and (meta.account_id != account_id or meta.key_hash != key_hash):
             # Messages are ours, but never trust one over the batch it names.
             logger.error("message owner does not match its batch", extra={"batch_id": message.batch_id})
             meta = None
@@ -107,7 +108,7 @@ class Gatekeeper:
         if meta is None or not lifecycle.starts_requests(meta, now):
             return Verdict("gone")
         # The owner, checked again before every run.
-        owner = accounts.judge_owner(self.catalog, meta["account_id"], gates.key_item or None,
+        owner = accounts.judge_owner(self.catalog, meta.account_id, gates.key_item or None,
                                      gates.account or None, gates.usage_nano + pending_cost, now)
         kind = {accounts.OwnerStatus.UNAUTHORIZED: "unauthorized", accounts.OwnerStatus.QUOTA_EXHAUSTED: "quota",
                 accounts.OwnerStatus.NO_BATCH_ACCESS: "no_access"}.get(owner.status)

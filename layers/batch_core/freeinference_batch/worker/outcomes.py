@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from freeinference_batch import model_backoff
 from freeinference_batch.observability import metrics
 from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.runs import Tally
 
 _metrics_lock = threading.Lock()
@@ -39,7 +40,7 @@ class Claimed:
     """A request this worker has claimed and is to run."""
 
     message: RequestMessage
-    meta: dict
+    meta: BatchRecord
     # The request's claim (every write of its run is conditional on it) and the chain's hold on
     # its two slots, which outlives the claim: a hand-over passes the slots on without writing them.
     token: str

@@ -40,6 +40,7 @@ from freeinference_batch.catalog import load_catalog
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES, BatchTable
 from freeinference_batch.store.leases import Leases
 from freeinference_batch.store.runs import RunWrites
@@ -127,13 +128,13 @@ class Worker:
         with large_requests(self.settings).permit() as permit:
             body = self._request_body(meta, message.position)
             permit.hold(len(body))
-            outcome = upstream.call(self.settings, body, account_id=meta["account_id"],
+            outcome = upstream.call(self.settings, body, account_id=meta.account_id,
                                     request_ref=f"{message.batch_id}:{message.position}", holding=permit.hold)
             self._maybe_crash("after upstream call")
             return self.settler.settle(claimed, outcome, deadline, self.now())
 
-    def _request_body(self, meta: dict, position: int) -> bytes:
+    def _request_body(self, meta: BatchRecord, position: int) -> bytes:
         """The request's body as stored at create: JSON bytes, sent upstream without parsing."""
-        starts = meta["chunk_starts"]
+        starts = meta.chunk_starts
         number = bisect.bisect_right(starts, position) - 1
-        return self.table.get_chunk(meta["id"], number).body(position - starts[number])
+        return self.table.get_chunk(meta.id, number).body(position - starts[number])

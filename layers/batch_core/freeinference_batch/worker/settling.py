@@ -63,7 +63,7 @@ class Settler:
             metric("RequestsRetried")
             logger.info("request will be retried", extra={**log, "attempt": attempts, "delay": round(delay, 2),
                                                           "code": outcome.error and outcome.error["code"]})
-            self.waiting.wake_waiters(message, meta["account_id"], now)
+            self.waiting.wake_waiters(message, meta.account_id, now)
             if claimed.has_record:
                 return Parked(delay)
             # The record in hand is an earlier request's: this one needs a message of its own.
@@ -98,7 +98,7 @@ class Settler:
             return Done()
         self.crash("after settle")
         # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
-        self.waiting.wake_waiters(message, meta["account_id"], now, leave.yielded_from)
+        self.waiting.wake_waiters(message, meta.account_id, now, leave.yielded_from)
         self.chains.continue_chain(message, following, now, leave.delay_seconds)
         return Done()
 
@@ -143,7 +143,7 @@ class Settler:
         # nothing claimed behind.
         if renewals or tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
-                transact([*self.writes.flush(message.batch_id, meta["account_id"], tally, holder, now,
+                transact([*self.writes.flush(message.batch_id, meta.account_id, tally, holder, now,
                                              now + self.settings.batch_dispatch_lease_seconds), *renewals])
                 tally = claimed.tally = tally.counted(now)
             except TransactionConflict:
@@ -160,7 +160,7 @@ class Settler:
                 self._give_up(claimed, following, now)
                 return Done()
         next_token = uuid.uuid4().hex
-        if not self._claim_next(following, next_token, holder, now, fresh_meta["ttl"]):
+        if not self._claim_next(following, next_token, holder, now, fresh_meta.ttl):
             # Claimed by another run (the sweep took this one for dead and sent the chain's message
             # again, or fenced it off): give the chain up, counting what this run settled.
             self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds)
@@ -181,7 +181,7 @@ class Settler:
         """Leave the chain between two requests: count, free the chain and the slots, and send the
         next request's message."""
         if self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds):
-            self.waiting.wake_waiters(claimed.message, claimed.meta["account_id"], now)
+            self.waiting.wake_waiters(claimed.message, claimed.meta.account_id, now)
             self.chains.continue_chain(claimed.message, following, now)
 
     def _should_yield(self, batch_id: str, holder: str, remaining: int,
@@ -204,10 +204,10 @@ class Settler:
         which took them back, counts for it."""
         message, meta, holder = claimed.message, claimed.meta, claimed.holder
         elements = [*([settle] if settle else []),
-                    *self.writes.flush(message.batch_id, meta["account_id"], claimed.tally, holder, now, lease_until,
+                    *self.writes.flush(message.batch_id, meta.account_id, claimed.tally, holder, now, lease_until,
                                        stop=True),
                     self.leases.release_element(model_slots_key(message.model), holder),
-                    self.leases.release_element(account_slots_key(meta["account_id"]), holder)]
+                    self.leases.release_element(account_slots_key(meta.account_id), holder)]
         try:
             transact(elements)
         except TransactionFailed:

@@ -13,6 +13,7 @@ from freeinference_batch.fairness import live_waiters
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
 from freeinference_batch.worker.chains import Chains, remaining, waiter_id, waiting_since
@@ -32,7 +33,7 @@ class WaitingRoom:
         self.leases = leases
         self.chains = chains
 
-    def wait_for_slot(self, message: RequestMessage, meta: dict, record: dict, now: float,
+    def wait_for_slot(self, message: RequestMessage, meta: BatchRecord, record: dict, now: float,
                       slots_key: dict | None, item: dict | None, capacity: int) -> Parked:
         """No slot: register as a waiter on the full slots item (to be woken when one frees) and park."""
         metric("RequestsParked")
@@ -60,7 +61,7 @@ class WaitingRoom:
             return Parked(0)
         return Parked(seconds)
 
-    def park_long(self, message: RequestMessage, meta: dict, seconds: float, now: float) -> Parked:
+    def park_long(self, message: RequestMessage, meta: BatchRecord, seconds: float, now: float) -> Parked:
         """Wait long (for the quota's renewal, or for batch access to come back)."""
         metric("RequestsParked")
         seconds = min(seconds, LONGEST_PARK_SECONDS)

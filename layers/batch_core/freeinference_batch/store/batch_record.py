@@ -1,0 +1,70 @@
+"""The batch record: the `BATCH#<id>` / `META` item as the code reads it (batch_table.py writes it).
+
+Written whole at create; later writes only set, add to or remove attributes, so every item that
+exists has the create-time fields, and those are required: an item without them is not a batch
+the code can serve, and reading it fails where it is read, naming the field. The rest are written
+later or may be removed, and default to what their absence means.
+
+The item's key and index attributes (`pk`, `sk`, `created_key`, `open_shard`, `purge_shard`) are
+how the table finds a batch, not what a batch is: no field. Attributes this model does not name
+are ignored, so items written before a field existed, or by code that adds one, still load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from freeinference_batch.schemas import BatchStatus
+
+
+class BatchRecord(BaseModel):
+    # Frozen: a record is the item as read at one moment; a change is a write, and the writer's
+    # answer (update_meta) is the new record.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    # ---- written at create, never removed ----------------------------------------------------
+    id: str
+    account_id: str
+    key_hash: str
+    status: BatchStatus
+    created_at: int
+    expires_at: int
+    window_seconds: int
+    total: int
+    # The result id of position p is `batch_req_<id_base + p>` (ids are unique across batches).
+    id_base: int
+    # The first position of each input chunk (`IN#<n>`), ascending.
+    chunk_starts: list[int]
+    # Each model's lane width: how many chains it has, fixed at create.
+    lane_widths: dict[str, int]
+    ttl: int
+
+    # ---- written at create, removed when the batch is deleted ---------------------------------
+    # The owner index's key; `account_id` is the same account and stays.
+    owner: str | None = None
+
+    # ---- counters: written 0 at create, then added to (absent reads as 0) ----------------------
+    completed: int = 0
+    failed: int = 0
+    running: int = 0  # chains a run has, not requests (store/runs.py)
+    cost_nano: int = 0
+
+    metadata: dict[str, str] | None = None
+    # Set when the owner lost the right to run it: no request starts, and the batch fails once
+    # none runs; the same map then becomes `error`.
+    failing: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    # ---- timestamps (whole seconds), each written once when its step happens -------------------
+    in_progress_at: int | None = None
+    cancelling_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelled_at: int | None = None
+    finished_at: int | None = None
+    deleted_at: int | None = None
+    # When a final or deleted batch stops being visible, and the purge may delete it.
+    purge_at: int | None = None
