@@ -46,7 +46,7 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
     with ThreadPoolExecutor(max_workers=max(1, min(RECORD_THREADS, len(event.get("Records", []))))) as executor:
 
         async def handle_record(record: SQSRecord) -> None:
-            worker = Worker(get_settings())
+            worker = Worker(get_settings(), memory_mb=context.memory_limit_in_mb)
             outcome = await asyncio.get_running_loop().run_in_executor(
                 executor, worker.handle_record, record.raw_event, deadline)
             if not isinstance(outcome, Done):

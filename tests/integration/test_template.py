@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from freeinference_batch.catalog import Catalog, ModelInfo
 from freeinference_batch.settings import Settings
+from freeinference_batch.worker.memory import FUNCTION_MEMORY_MB
 from freeinference_batch_local.stack import TemplateResources
 from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
@@ -428,8 +429,10 @@ def test_a_worker_has_the_environment_every_function_has(
             own = properties["Environment"]["Variables"]
             assert {k: v for k, v in own.items() if k not in ("WORKER_MODEL", "UPSTREAM_API_KEY_SECRET")} == global_env
             assert own["UPSTREAM_API_KEY_SECRET"] == {"Ref": "UpstreamApiKeySecret"}, logical_id
-            for key in ("Runtime", "Architectures", "MemorySize", "Tracing", "Layers"):
+            for key in ("Runtime", "Architectures", "Tracing", "Layers"):
                 assert properties[key] == template["Globals"]["Function"][key], (logical_id, key)
+            # Its own memory, which its permits for large requests are sized by by default
+            assert properties["MemorySize"] == FUNCTION_MEMORY_MB, logical_id
 
 
 def test_queue_names_fit_sqs_for_the_documented_stack_name_length(template: dict[str, Any]) -> None:

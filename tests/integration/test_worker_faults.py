@@ -177,7 +177,7 @@ def test_large_answers_take_turns_for_the_invocations_memory_and_all_complete(ha
     stub.answer = json.dumps({"object": "chat.completion", "choices": [{"message": {"content": "x" * 2 * MIB}}],
                               "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
     permits = CountingPermits(1)
-    monkeypatch.setattr(runner, "large_requests", lambda settings: permits)
+    monkeypatch.setattr(runner, "large_requests", lambda *sizing: permits)
     batch = harness.create([sample_request(f"q-{n}") for n in range(3)])
     # When one invocation runs the three side by side
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -194,7 +194,7 @@ def test_large_answers_take_turns_for_the_invocations_memory_and_all_complete(ha
 def test_small_answers_take_no_permit(harness, stub, monkeypatch):
     stub.answer = json.dumps({"object": "chat.completion", "choices": [], "usage": {}}).encode()
     permits = CountingPermits(1)
-    monkeypatch.setattr(runner, "large_requests", lambda settings: permits)
+    monkeypatch.setattr(runner, "large_requests", lambda *sizing: permits)
     batch = harness.create([sample_request("q-0")])
     assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
     assert permits.taken == 0

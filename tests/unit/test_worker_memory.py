@@ -8,6 +8,8 @@ from freeinference_batch import upstream
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
 from freeinference_batch.worker.memory import (
+    BASELINE_BYTES,
+    FUNCTION_MEMORY_MB,
     LARGE_BYTES,
     MIB,
     RECORD_THREADS,
@@ -16,26 +18,25 @@ from freeinference_batch.worker.memory import (
     large_request_bytes,
 )
 
+MAX_BODY = Settings().batch_max_body_bytes
+
 
 def permits_at(memory_mb: int) -> int:
-    settings = Settings()
-    return large_permits(memory_mb * MIB, RECORD_THREADS, CHUNK_CACHE_BYTES, settings.batch_max_body_bytes,
-                         upstream.MAX_RESPONSE_BYTES)
+    return large_permits(memory_mb * MIB, RECORD_THREADS, CHUNK_CACHE_BYTES, MAX_BODY, upstream.MAX_RESPONSE_BYTES)
 
 
-def test_the_worst_case_fits_the_function_memory_the_permits_are_sized_for():
-    settings = Settings()
-    largest = large_request_bytes(settings.batch_max_body_bytes, upstream.MAX_RESPONSE_BYTES)
-    small_threads = RECORD_THREADS * 8.5 * LARGE_BYTES
-    for memory_mb in (512, 1024, 3008):
+def test_the_worst_case_fits_the_memory_the_permits_are_sized_for():
+    largest = large_request_bytes(MAX_BODY, upstream.MAX_RESPONSE_BYTES)
+    every_thread_small = RECORD_THREADS * large_request_bytes(LARGE_BYTES, LARGE_BYTES)
+    for memory_mb in (FUNCTION_MEMORY_MB, 512, 1024, 3008):
         permits = permits_at(memory_mb)
-        assert permits >= 2
-        assert 110 * MIB + CHUNK_CACHE_BYTES + small_threads + permits * largest <= memory_mb * MIB
-    assert permits_at(1024) > permits_at(512)
+        assert permits >= 1
+        assert BASELINE_BYTES + CHUNK_CACHE_BYTES + every_thread_small + permits * largest <= memory_mb * MIB
+    assert permits_at(1024) > permits_at(512) > permits_at(FUNCTION_MEMORY_MB)
 
 
 def test_a_function_too_small_for_one_large_request_still_runs_them_one_at_a_time():
-    assert permits_at(256) == 1
+    assert permits_at(128) == 1
 
 
 def test_a_large_request_waits_for_a_permit_and_a_small_one_never_does():

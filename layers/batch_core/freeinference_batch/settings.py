@@ -72,8 +72,6 @@ class Settings(BaseSettings):
     model_catalog_path: str = Field("", alias="MODEL_CATALOG_PATH")
     # Optional file holding a clock offset in seconds (local stack and tests only).
     clock_offset_file: str = Field("", alias="BATCH_CLOCK_OFFSET_FILE")
-    # Set by Lambda (the function's MemorySize); the worker sizes what it holds at once by it.
-    function_memory_mb: int = Field(512, alias="AWS_LAMBDA_FUNCTION_MEMORY_SIZE", ge=128)
 
     @field_validator("upstream_base_url")
     @classmethod

@@ -160,9 +160,10 @@ class _LruCache:
                 self._weight -= self._weigh(evicted)
 
 
-# Chunks are weighed by their bodies' bytes, so a worker's cache stays small beside its 512 MB
-# whatever the batches hold (one chunk may be a single 32 MiB request).
-CHUNK_CACHE_BYTES = 48 * 1024 * 1024
+# Chunks are weighed by their bodies' bytes, so a worker's cache stays small beside its 256 MB
+# whatever the batches hold (one chunk may be a single 32 MiB request: too big to keep). The
+# worker's memory budget counts it (worker/memory.py).
+CHUNK_CACHE_BYTES = 16 * 1024 * 1024
 _chunks = _LruCache(CHUNK_CACHE_BYTES, weigh=lambda run: run.size)
 _lane_positions = _LruCache(256)
 

@@ -19,33 +19,50 @@ large request holds.
 
 from __future__ import annotations
 
+import functools
 import threading
 from types import TracebackType
+
+from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
+from freeinference_batch.upstream import MAX_RESPONSE_BYTES
 
 MIB = 1024 * 1024
 # Records an invocation runs side by side: a full SQS batch (the template's BatchSize).
 RECORD_THREADS = 10
+# The worker's MemorySize in model/template.yaml (tests/integration/test_template.py checks it):
+# what a Worker is sized for when no Lambda context says otherwise.
+FUNCTION_MEMORY_MB = 256
 # A body or a response above this takes a permit.
-LARGE_BYTES = 1 * MIB
+LARGE_BYTES = 256 * 1024
 # Bytes held at the peak per byte of a response, from reading it to storing it (see above).
 HELD_PER_RESPONSE_BYTE = 6.5
-# Python, boto3, Powertools and pydantic loaded, as measured (85 MiB) with room for Lambda's runtime.
+# Python, boto3, Powertools and pydantic loaded, as measured (85 MiB), with room for Lambda's runtime:
+# check against the worker's "Max Memory Used" in its REPORT log lines after a deploy.
 BASELINE_BYTES = 110 * MIB
 
 
 def large_request_bytes(max_body_bytes: int, max_response_bytes: int) -> int:
-    """The most one large request holds: its body twice (the input chunk's copy and the body sent
-    upstream) and its response as it is stored."""
-    return 2 * max_body_bytes + int(HELD_PER_RESPONSE_BYTE * max_response_bytes)
+    """The most one request holds: its body twice while it is cut from its input chunk, then the
+    body alone (the chunk is dropped, or kept by the chunk cache, counted apart) beside its
+    response as it is stored."""
+    return max(2 * max_body_bytes, max_body_bytes + int(HELD_PER_RESPONSE_BYTE * max_response_bytes))
 
 
 def large_permits(memory_bytes: int, threads: int, chunk_cache_bytes: int, max_body_bytes: int,
                   max_response_bytes: int) -> int:
     """How many large requests fit beside everything else the function holds (at least one: a
     function too small for one large request still runs them, one at a time)."""
-    small = threads * (2 * LARGE_BYTES + int(HELD_PER_RESPONSE_BYTE * LARGE_BYTES))
+    small = threads * large_request_bytes(LARGE_BYTES, LARGE_BYTES)
     left = memory_bytes - BASELINE_BYTES - chunk_cache_bytes - small
     return max(1, left // large_request_bytes(max_body_bytes, max_response_bytes))
+
+
+@functools.cache
+def large_requests(max_body_bytes: int, memory_mb: int) -> LargeRequests:
+    """The process's permits for a function of `memory_mb` (one set per size: Lambda runs one
+    function in a process; the local stack runs them all in one, each with its own)."""
+    return LargeRequests(large_permits(memory_mb * MIB, RECORD_THREADS, CHUNK_CACHE_BYTES, max_body_bytes,
+                                       MAX_RESPONSE_BYTES))
 
 
 class LargeRequests:

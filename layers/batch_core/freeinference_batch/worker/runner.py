@@ -31,7 +31,6 @@ worker leaves behind, the sweep finds by its expired lease.
 from __future__ import annotations
 
 import bisect
-import functools
 
 from pydantic import ValidationError
 
@@ -41,14 +40,14 @@ from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES, BatchTable
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.leases import Leases
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, waiting_since
 from freeinference_batch.worker.claims import Claims
 from freeinference_batch.worker.faults import maybe_crash
 from freeinference_batch.worker.gates import Gatekeeper
-from freeinference_batch.worker.memory import MIB, RECORD_THREADS, LargeRequests, large_permits
+from freeinference_batch.worker.memory import FUNCTION_MEMORY_MB, large_requests
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
 from freeinference_batch.worker.settling import Settler
 from freeinference_batch.worker.waiting import WaitingRoom
@@ -57,16 +56,12 @@ UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
 FRESH_COPY_AFTER_RECEIVES = 500
 
 
-@functools.cache
-def large_requests(settings: Settings) -> LargeRequests:
-    """The process's permits for large requests, sized from the function's memory."""
-    return LargeRequests(large_permits(settings.function_memory_mb * MIB, RECORD_THREADS,
-                                       CHUNK_CACHE_BYTES, settings.batch_max_body_bytes, upstream.MAX_RESPONSE_BYTES))
-
-
 class Worker:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, memory_mb: int = FUNCTION_MEMORY_MB) -> None:
+        """`memory_mb`: the function's memory (its Lambda context's), which sizes how many large
+        requests it holds at once (worker/memory.py)."""
         self.settings = settings
+        self.large = large_requests(settings.batch_max_body_bytes, memory_mb)
         self.table = BatchTable(settings)
         self.leases = leases = Leases(settings)
         catalog = load_catalog(settings.model_catalog_path)
@@ -125,7 +120,7 @@ class Worker:
         self._maybe_crash("after claim")
         metric("RequestsRun")
         # The body and the response are dropped once settled: a large one holds its permit till then.
-        with large_requests(self.settings).permit() as permit:
+        with self.large.permit() as permit:
             body = self._request_body(meta, message.position)
             permit.hold(len(body))
             outcome = upstream.call(self.settings, body, account_id=meta.account_id,
