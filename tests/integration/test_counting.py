@@ -10,9 +10,9 @@ import pytest
 from freeinference_batch import accounts, schedules, worker
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.dynamo import transact
+from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
-from freeinference_batch.store.runs import FLUSH_SECONDS
+from freeinference_batch.store.runs import FLUSH_SECONDS, RunWrites
 from freeinference_batch.worker.gates import OWNER_REUSE_SECONDS
 
 from tests.integration.conftest import sample_request
@@ -230,3 +230,27 @@ def test_a_run_counts_often_enough_to_keep_a_short_dispatch_lease_from_running_o
                                             deadline=time.monotonic() + TIME_LEFT)
     # Then its dispatch lease never ran out while it ran, so the sweep never took it for dead
     assert len(leases) == 4 and all(left > 0 for left in leases), leases
+
+
+def test_a_request_failed_unrun_is_never_counted_once_its_batch_is_final(harness):
+    # Given a batch read while it ran, then cancelled (final at once: nothing was running)
+    batch = harness.create([sample_request("q-0"), sample_request("q-1")])
+    table = BatchTable(harness.settings)
+    read_while_running = table.get_meta(batch["id"])
+    assert harness.call("POST", f"/v1/batches/{batch['id']}/cancel")[1]["status"] == "cancelled"
+    # When a worker that read it before fails one of its requests unrun (its model left the catalog)
+    error = {"code": "model_not_found", "status": 404, "message": "gone"}
+    writes = RunWrites(harness.settings, table)
+    with pytest.raises(TransactionFailed):
+        transact(writes.fail_unrun(message_for(harness, batch["id"], 0), read_while_running, error, now(harness)))
+    # Then the final counts are as the cancel left them
+    assert harness.batch(batch["id"])["request_counts"] == {"total": 2, "completed": 0, "failed": 0}
+
+
+def test_a_request_failed_unrun_is_counted_at_once_while_its_batch_runs(harness):
+    batch = harness.create([sample_request("q-0"), sample_request("q-1")])
+    table = BatchTable(harness.settings)
+    error = {"code": "model_not_found", "status": 404, "message": "gone"}
+    transact(RunWrites(harness.settings, table).fail_unrun(message_for(harness, batch["id"], 0),
+                                                           table.get_meta(batch["id"]), error, now(harness)))
+    assert table.get_meta(batch["id"]).failed == 1

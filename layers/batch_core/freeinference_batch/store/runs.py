@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from freeinference_batch import clock
-from freeinference_batch.schemas import BatchStatus, RequestMessage, RequestStatus
+from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus, RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_record import BatchRecord
@@ -188,7 +188,12 @@ class RunWrites:
                 names={"#status": "status", "#error": "error", "#ttl": "ttl"},
                 failed=RequestStatus.FAILED, error=error, now=int(now), ttl=meta.ttl,
                 queued=RequestStatus.QUEUED),
-            self.table.meta_update_element(message.batch_id, "ADD failed :one", one=1),
+            # Never once the batch is final (it may have become so since the caller's read): a
+            # final batch's counts never change.
+            self.table.meta_update_element(message.batch_id, "ADD failed :one", "NOT #status IN (" +
+                                           ", ".join(f":{status}" for status in FINAL_STATUSES) + ")",
+                                           names={"#status": "status"}, one=1,
+                                           **{str(status): status for status in FINAL_STATUSES}),
             self.table.chain_move_element(message.batch_id, message.model, message.index % width, message.index,
                                           message.index + width, now + self.settings.batch_dispatch_lease_seconds),
         ]
