@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from freeinference_batch.batches import new_batch_id
 from freeinference_batch.fairness import AGING_SECONDS, fair_shares, keeps_slot, live_waiters, waited_its_turn
-from freeinference_batch.store.leases import new_holder
+from freeinference_batch.store.dynamo import values
+from freeinference_batch.store.leases import lease_expiry, new_holder
+from freeinference_batch_local.aws_limits import item_bytes
 
 NOW = 1_000.0
 
@@ -98,11 +101,6 @@ def test_a_slots_item_with_500_holders_stays_under_32_kb():
     # so at 500 holders their size is the write rate's multiplier. bench/aws_calls.py measures
     # about 10 such writes a second at 500 requests in flight (0.10 per request at 100 requests/s),
     # so 32 KB is what keeps them under a third of a partition's 1,000 WCU/s.
-    from freeinference_batch.batches import new_batch_id
-    from freeinference_batch.store.dynamo import values
-    from freeinference_batch.store.leases import lease_expiry
-    from freeinference_batch_local.aws_limits import item_bytes
-
     now = 1_764_800_000.123456
     leases = {new_holder(new_batch_id(now + lane), lane, aged=True): lease_expiry(now + 1800.0004)
               for lane in range(500)}

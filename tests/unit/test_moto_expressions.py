@@ -9,7 +9,8 @@ from freeinference_batch_local import moto_expressions
 from moto import mock_aws
 from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 
-KEY = {"pk": {"S": "p"}, "sk": {"S": "s"}}
+from tests.unit.moto_tables import KEY, create_keyed_table
+
 UPDATES = [
     ("SET #s = :v, n = :n ADD c :one", {":v": {"S": "running"}, ":n": {"N": "1"}, ":one": {"N": "1"}}),
     ("SET #s = :v, n = :n ADD c :one", {":v": {"S": "queued"}, ":n": {"N": "2"}, ":one": {"N": "5"}}),
@@ -21,11 +22,7 @@ UPDATES = [
 def _results() -> list[dict]:
     with mock_aws():
         client = boto3.client("dynamodb", region_name="us-east-1")
-        client.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
-                            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
-                                       {"AttributeName": "sk", "KeyType": "RANGE"}],
-                            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
-                                                  {"AttributeName": "sk", "AttributeType": "S"}])
+        create_keyed_table(client)
         client.put_item(TableName="t", Item={**KEY, "m": {"M": {}}})
         return [client.update_item(TableName="t", Key=KEY, UpdateExpression=expression,
                                    ExpressionAttributeNames={"#s": "status"}, ExpressionAttributeValues=values,

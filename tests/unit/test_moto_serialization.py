@@ -12,6 +12,8 @@ import pytest
 from freeinference_batch_local import moto_serialization
 from moto import mock_aws
 
+from tests.unit.moto_tables import KEY, create_keyed_table
+
 EVERY_TYPE = {
     "pk": {"S": "p"}, "sk": {"S": "s"},
     "text": {"S": "héllo"}, "empty_text": {"S": ""}, "number": {"N": "12.50"}, "big": {"N": "-123456789012345678"},
@@ -21,7 +23,6 @@ EVERY_TYPE = {
     "map": {"M": {"holder.1": {"N": "17.5"}, "inner": {"M": {"b": {"B": b"\xfe"}, "l": {"L": []}}}, "e": {"M": {}}}},
     "list": {"L": [{"S": "x"}, {"N": "1"}, {"L": [{"BOOL": False}, {"M": {"k": {"NULL": True}}}]}, {"B": b"z"}]},
 }
-KEY = {"pk": {"S": "p"}, "sk": {"S": "s"}}
 
 
 def _calls(client) -> list[Callable[[], object]]:
@@ -49,11 +50,7 @@ def _bodies(installed: bool) -> list[dict]:
     try:
         with mock_aws():
             client = boto3.client("dynamodb", region_name="us-east-1")
-            client.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
-                                KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
-                                           {"AttributeName": "sk", "KeyType": "RANGE"}],
-                                AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
-                                                      {"AttributeName": "sk", "AttributeType": "S"}])
+            create_keyed_table(client)
             client.put_item(TableName="t", Item=EVERY_TYPE)
             raw: list[bytes] = []
             client.meta.events.register("after-call.dynamodb",

@@ -382,8 +382,7 @@ class BatchTable:
         if not batch_ids:
             return {}
         found = batch_get({self.name: {"Keys": [meta_key(b) for b in batch_ids], "ConsistentRead": True}})
-        records = (BatchRecord.model_validate(item) for item in found[self.name])
-        return {record.id: record for record in records}
+        return {item["id"]: BatchRecord.model_validate(item) for item in found[self.name]}
 
     # ---- state changes ------------------------------------------------------------------
 

@@ -30,6 +30,8 @@ from freeinference_batch.store.batch_table import BatchTable
 
 # The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
 STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
+# The condition on a batch item for its counts to change: it is not final (values named by status).
+NOT_FINAL = "NOT #status IN (:completed, :failed, :expired, :cancelled)"
 # How many settled requests, or how long, a run keeps uncounted. A batch's counts, and the day's
 # usage the quota reads, lag its settled requests by at most this much per running chain.
 FLUSH_EVERY_REQUESTS = 16
@@ -190,8 +192,7 @@ class RunWrites:
                 queued=RequestStatus.QUEUED),
             # Never once the batch is final (it may have become so since the caller's read): a
             # final batch's counts never change.
-            self.table.meta_update_element(message.batch_id, "ADD failed :one", "NOT #status IN (" +
-                                           ", ".join(f":{status}" for status in FINAL_STATUSES) + ")",
+            self.table.meta_update_element(message.batch_id, "ADD failed :one", NOT_FINAL,
                                            names={"#status": "status"}, one=1,
                                            **{str(status): status for status in FINAL_STATUSES}),
             self.table.chain_move_element(message.batch_id, message.model, message.index % width, message.index,
