@@ -7,7 +7,8 @@ a listen queue deep enough for every caller at once. A thread per request, as
 `moto.server.ThreadedMotoServer` runs it, would only wait for one lock around moto, and those
 threads' parsing and socket work took the GIL from the one thread holding the lock: under the
 worker's load moto was busy half the time with dozens of calls waiting for it (bench/README.md).
-The lock stays, for an app served by a threaded server (tests do).
+The app still takes one lock around moto: it keeps the one-at-a-time rule whatever server runs it,
+and guards the count of requests served that the stack's stats and the benches read.
 
 `MotoProcess` runs that server in a child process (`python -m freeinference_batch_local.moto_server`).
 The local stack does so by default: the stack is one Python process, and the GIL would otherwise
