@@ -453,26 +453,36 @@ def test_used_up_quota_pauses_batches_answers_429_and_resumes_after_midnight(own
 # ---------------------------------------------------------------- tier
 
 
+# Long enough chains (4 slots at most, 1 s each) that a chain running on after the tier change, for
+# up to worker/gates.py OWNER_REUSE_SECONDS, cannot run the whole batch.
+TIER_REQUESTS = 40
+
+
 def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(own_stack, sim):
     # Given an internal account's batch of slow requests (short dispatch leases: the sweep soon
     # re-sends a parked message once the clock passes its re-check time)
     stack = own_stack(BATCH_DISPATCH_LEASE_SECONDS="3")
     key = stack.create_key("tier-acct", tier="internal")
     api = stack.api(key)
-    batch = submit(api, [item(f"q-{i}", f"Question {i} [sim:latency=1]") for i in range(10)])
+    store = Store(stack)
+    batch = submit(api, [item(f"q-{i}", f"Question {i} [sim:latency=1]") for i in range(TIER_REQUESTS)])
     other = submit(api, [item(f"o-{i}", f"Other {i} [sim:latency=1]") for i in range(8)])
     wait_for(lambda: _running_snapshot(api, batch["id"]), timeout=20, interval=0.1, message="a running request")
     # When the account moves to a tier without batch access
     stack.admin("set-account", "tier-acct", "--tier", "standard")
     # Then running requests finish, are counted (a chain counts what it ran when it stops: until
-    # then its batch's counts lag), and the rest wait, queued
+    # then its batch's counts lag), and the rest wait, queued. The batch item's running count says
+    # when every chain has stopped: between two requests of a hand-over no request shows running
+    # while the chain goes on (for up to worker/gates.py OWNER_REUSE_SECONDS after the change).
     def stopped() -> bool:
-        ran = sum(attempts(sim, batch["id"], p) for p in range(10))
-        return not _running_snapshot(api, batch["id"]) and api.batch(batch["id"])["request_counts"]["completed"] == ran
+        ran = sum(attempts(sim, batch["id"], p) for p in range(TIER_REQUESTS))
+        meta = store.meta(batch["id"])
+        counted = meta.get("running", 0) == 0 and meta.get("completed", 0) == ran
+        return counted and not _running_snapshot(api, batch["id"])
 
     wait_for(stopped, timeout=20, interval=POLL, message="no running request, and every one that ran counted")
-    ran = sum(attempts(sim, batch["id"], p) for p in range(10))
-    assert 0 < ran < 10
+    ran = sum(attempts(sim, batch["id"], p) for p in range(TIER_REQUESTS))
+    assert 0 < ran < TIER_REQUESTS
     waiting = api.batch(batch["id"])
     assert waiting["status"] == "in_progress"
     assert waiting["request_counts"]["completed"] == ran
@@ -480,8 +490,8 @@ def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(ow
     def still_waiting() -> bool:
         results = api.results(batch["id"])
         return (
-            sum(attempts(sim, batch["id"], p) for p in range(10)) == ran
-            and statuses(results).get("queued", 0) == 10 - ran
+            sum(attempts(sim, batch["id"], p) for p in range(TIER_REQUESTS)) == ran
+            and statuses(results).get("queued", 0) == TIER_REQUESTS - ran
             and api.batch(batch["id"])["status"] == "in_progress"
         )
 
@@ -500,8 +510,8 @@ def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(ow
     # Then the batch resumes by itself and completes
     final = wait_final(api, batch["id"], timeout=60)
     assert final["status"] == "completed"
-    assert final["request_counts"] == {"total": 10, "completed": 10, "failed": 0}
-    assert [attempts(sim, batch["id"], p) for p in range(10)] == [1] * 10
+    assert final["request_counts"] == {"total": TIER_REQUESTS, "completed": TIER_REQUESTS, "failed": 0}
+    assert [attempts(sim, batch["id"], p) for p in range(TIER_REQUESTS)] == [1] * TIER_REQUESTS
 
 
 # ---------------------------------------------------------------- concurrency
