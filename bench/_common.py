@@ -91,10 +91,12 @@ class StackProcess:
         paused: bool = False,
         short_timings: bool = True,
         stats: bool = False,
+        template: Path | None = None,
     ) -> None:
         """`paused`: run bench/_stack_server.py --paused instead (the same LocalStack, workers paused).
         `stats`: run bench/_stack_server.py --stats, which appends the stack's counters to
-        `stats_path` every 0.5 s (see `read_stats`)."""
+        `stats_path` every 0.5 s (see `read_stats`). `template`: run bench/_stack_server.py on
+        this template instead of the repo's (see `write_sized_template`)."""
         self.dir = Path(tempfile.mkdtemp(prefix="fi-bench-"))
         full = {
             name: value
@@ -116,9 +118,10 @@ class StackProcess:
         self.stats_path = self.dir / "stack.stats.jsonl"
         with open(self.stderr_path, "wb") as stderr:
             command = DEV_COMMAND
-            if paused or stats:
+            if paused or stats or template:
                 command = [PYTHON, str(REPO / "bench" / "_stack_server.py"), *(["--paused"] if paused else []),
-                           *(["--stats", str(self.stats_path)] if stats else [])]
+                           *(["--stats", str(self.stats_path)] if stats else []),
+                           *(["--template", str(template)] if template else [])]
             self.proc = subprocess.Popen(
                 command,
                 cwd=self.dir,
@@ -185,9 +188,10 @@ class StackProcess:
 
 @contextlib.contextmanager
 def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = True,
-                     moto_in_process: bool = True) -> Iterator[Any]:
+                     moto_in_process: bool = True, template: Path | None = None) -> Iterator[Any]:
     """`LocalStack` in this process (for profiles and botocore event hooks); moto too, unless
-    `moto_in_process` is False (the instruments that time or count moto's work need it here)."""
+    `moto_in_process` is False (the instruments that time or count moto's work need it here).
+    `template`: the stack's template, if not the repo's (see `write_sized_template`)."""
     import logging
 
     from freeinference_batch_local.stack import LocalStack
@@ -200,7 +204,7 @@ def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = Tr
     state_dir = tempfile.mkdtemp(prefix="fi-bench-")
     full_env = {**(SHORT_TIMINGS if short_timings else {}), **(env or {})}
     stack = LocalStack(port=0, env=full_env, state_dir=state_dir, write_state_file=False,
-                       moto_in_process=moto_in_process)
+                       moto_in_process=moto_in_process, template_path=template)
     real_stdout = sys.stdout
     sys.stdout = _DropMetricLines(real_stdout)  # the handlers' EMF metrics would bury the figures
     try:
@@ -250,14 +254,46 @@ def write_catalog(directory: Path | str, concurrency: int, models: list[str] | N
     return path
 
 
-def template_poller_cap(function: str = "GlmFlashModel/WorkerFunction") -> dict[str, Any]:
-    """The worker's SQS event settings from template.yaml that bound how many requests run at once:
-    BatchSize (records an invocation runs side by side), MaximumConcurrency, reserved concurrency."""
+def write_sized_template(directory: Path | str, concurrency: int, model: str = MODEL) -> Path:
+    """template.yaml with `model`'s block sized as the README's "Sizing a model" says for a
+    `batch_concurrency` of `concurrency` (the catalog's rules: WorkerConcurrency, WorkerBatchSize,
+    WorkerBatchingWindowSeconds), written to `directory`/template.yaml: pass it to the stack with
+    the catalog `write_catalog` writes, so the run is deployed as an operator would deploy it."""
+    from freeinference_batch.catalog import ModelInfo
+
+    info = ModelInfo(input_usd_per_million_tokens=0, output_usd_per_million_tokens=0, tiers=[],
+                     batch_concurrency=concurrency)
+    sizes = {"WorkerConcurrency": info.worker_concurrency, "WorkerBatchSize": info.worker_batch_size,
+             "WorkerBatchingWindowSeconds": info.worker_batching_window_seconds}
+    text = (REPO / "template.yaml").read_text()
+    # A block is the lines from its logical id to the next resource; its parameters are literal.
+    blocks = re.split(r"(?m)^(?=  [A-Za-z0-9]+:\n)", text)
+    found = [i for i, block in enumerate(blocks) if re.search(rf"(?m)^ +ModelId: {re.escape(model)}$", block)]
+    if len(found) != 1:
+        raise ValueError(f"template.yaml has {len(found)} blocks for {model}")
+    block = blocks[found[0]]
+    for name, value in sizes.items():
+        block, count = re.subn(rf"(?m)^( +{name}: )\S+$", rf"\g<1>{value}", block)
+        if count != 1:
+            raise ValueError(f"the block of {model} passes {count} {name}")
+    blocks[found[0]] = block
+    sized = "".join(blocks).replace("Location: model/template.yaml", f"Location: {REPO / 'model' / 'template.yaml'}")
+    path = Path(directory) / "template.yaml"
+    path.write_text(sized)
+    return path
+
+
+def template_poller_cap(function: str = "GlmFlashModel/WorkerFunction",
+                        template_path: Path | None = None) -> dict[str, Any]:
+    """The worker's SQS event settings from the template (template.yaml unless given) that bound how
+    many requests run at once: BatchSize (records an invocation runs side by side), the batching
+    window, MaximumConcurrency, reserved concurrency."""
     from freeinference_batch_local.template import load_template
 
-    properties = load_template(REPO / "template.yaml")["Resources"][function]["Properties"]
+    properties = load_template(template_path or REPO / "template.yaml")["Resources"][function]["Properties"]
     event = next(iter(properties["Events"].values()))["Properties"]
     return {"batch_size": int(event.get("BatchSize", 10)),
+            "window": float(event.get("MaximumBatchingWindowInSeconds") or 0),
             "maximum_concurrency": (event.get("ScalingConfig") or {}).get("MaximumConcurrency"),
             "reserved": properties.get("ReservedConcurrentExecutions"),
             "timeout": properties.get("Timeout")}

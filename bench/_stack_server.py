@@ -12,7 +12,7 @@ CPU seconds of this process and of its moto child (moto serves one request at a 
 share is close to how busy it is). Counting costs a dict update per AWS call, nothing per moto
 request: the figures of a run with stats are those of a run without.
 
-    .venv/bin/python bench/_stack_server.py [--paused] [--stats PATH] [--stats-interval 0.5]
+    .venv/bin/python bench/_stack_server.py [--paused] [--stats PATH] [--stats-interval 0.5] [--template PATH]
 """
 
 from __future__ import annotations
@@ -160,6 +160,7 @@ def main() -> None:
     parser.add_argument("--paused", action="store_true", help="pause the workers' queue pollers")
     parser.add_argument("--stats", default="", help="append a JSON line of the stack's counters here, periodically")
     parser.add_argument("--stats-interval", type=float, default=0.5, help="seconds between stats lines (0.5)")
+    parser.add_argument("--template", default="", help="the stack's template, if not the repo's template.yaml")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("LOCAL_STACK_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr)
     stop = threading.Event()
@@ -170,7 +171,7 @@ def main() -> None:
 
     from freeinference_batch_local.stack import LocalStack
 
-    stack = LocalStack().start()
+    stack = LocalStack(template_path=args.template or None).start()
     stats_stop = threading.Event()
     try:
         if args.paused:

@@ -27,7 +27,9 @@ each item and each partition key would take with --hot-in-flight (500) requests 
 partition, and the target is a third of that. Also how many worker invocations that load needs.
 
 With --concurrency N the model gets N batch slots (a catalog written to a temp dir, passed as
-MODEL_CATALOG_PATH) and the dev account enough concurrent-request slots.
+MODEL_CATALOG_PATH), its worker the sizes README "Sizing a model" gives for N (a copy of
+template.yaml beside it: WorkerConcurrency, BatchSize, batching window), and the dev account
+enough concurrent-request slots.
 
     .venv/bin/python bench/aws_calls.py [--requests 200] [--latency 0.05] [--page 1000] [--concurrency 4]
 """
@@ -101,12 +103,15 @@ def main() -> None:
 
     print(f"load average before: {c.load_average()}")
     env = {"BATCH_SCHEDULE_SECONDS": str(args.schedule_seconds)}
+    template = None
     if args.concurrency:
         catalog_dir = Path(tempfile.mkdtemp(prefix="fi-bench-catalog-"))
         env["MODEL_CATALOG_PATH"] = str(c.write_catalog(catalog_dir, args.concurrency, [c.MODEL]))
+        # The model's worker sized for that capacity, as README "Sizing a model" says to deploy it.
+        template = c.write_sized_template(catalog_dir, args.concurrency, c.MODEL)
     body = c.batch_body(args.requests, directive=f"[sim:latency={args.latency:g}]")
     data = c.dumps(body)
-    with c.in_process_stack(env) as stack:
+    with c.in_process_stack(env, template=template) as stack:
         from freeinference_batch import accounts
         from freeinference_batch.catalog import load_catalog
         from freeinference_batch.settings import get_settings
@@ -210,7 +215,7 @@ def main() -> None:
     # ---- the worker's invocations, as measured, stretched to the model latency
     worker_gb = function_memory_gb("GlmFlashModel/WorkerFunction")
     api_gb = function_memory_gb("ApiFunction")
-    cap = c.template_poller_cap("GlmFlashModel/WorkerFunction")
+    cap = c.template_poller_cap("GlmFlashModel/WorkerFunction", template)
     overhead = timings.overhead_per_request
     ran = timings.requests_run
     invocation_count = len(timings.invocations)

@@ -4,7 +4,8 @@ as many threads sending the same bodies to the same simulated upstream, in the s
 Target (issue 13): batch/direct >= 0.8.
 
 The stack runs as a subprocess (bench/_stack_server.py --stats) with MODEL_CATALOG_PATH pointing
-at a catalog written to a temp dir (the packaged one with batch_concurrency --concurrency), and
+at a catalog written to a temp dir (the packaged one with batch_concurrency --concurrency), on
+a copy of template.yaml whose model block is sized for it as README "Sizing a model" says, and
 the dev key's account raised to --account-concurrency (1000) with the admin CLI, so that neither
 the account's slots (16 by default) nor its unfinished-batch limit caps the run. Schedules run at
 the template's rates, as on AWS.
@@ -18,9 +19,9 @@ What the stack process samples every 0.5 s (see _stack_server.py) gives, without
 - CPU seconds of the stack process and of its moto child: moto serves one request at a time,
   so its CPU share is about how busy it was, and its CPU per request bounds the rate.
 
-The worker's event source mapping comes from template.yaml (BatchSize, ScalingConfig
-MaximumConcurrency, ReservedConcurrentExecutions): the local stack has no override for them, so
-the run uses the template's, and the script says whether they capped it.
+The worker's event source mapping comes from that template (BatchSize, batching window,
+ScalingConfig MaximumConcurrency, ReservedConcurrentExecutions), and the script says whether they
+capped the run.
 
     .venv/bin/python bench/scale.py [--requests 1500] [--latency 1] [--concurrency 64] [--threads 64]
 """
@@ -91,25 +92,28 @@ def main() -> None:
     args = parser.parse_args()
     threads = args.threads or args.concurrency
     model = c.MODEL
-    cap = c.template_poller_cap(WORKER)
+    # The model's worker sized for --concurrency, as README "Sizing a model" says to deploy it.
+    catalog_dir = Path(tempfile.mkdtemp(prefix="fi-bench-catalog-"))
+    catalog = c.write_catalog(catalog_dir, args.concurrency, [model])
+    template = c.write_sized_template(catalog_dir, args.concurrency, model)
+    cap = c.template_poller_cap(WORKER, template)
     side_by_side = cap["batch_size"] * min(x for x in (cap["maximum_concurrency"], cap["reserved"]) if x)
 
     print(f"load average before: {c.load_average()}")
     print(f"{args.requests} requests on {model}, latency {args.latency:g} s, {args.concurrency} batch slots, "
           f"direct client {threads} threads; account concurrency {args.account_concurrency}")
-    print(f"template.yaml {WORKER}: BatchSize {cap['batch_size']}, MaximumConcurrency "
-          f"{cap['maximum_concurrency']}, ReservedConcurrentExecutions {cap['reserved']}, Timeout {cap['timeout']} s. "
+    print(f"{WORKER} sized for {args.concurrency} slots (README \"Sizing a model\"): BatchSize {cap['batch_size']}, "
+          f"batching window {cap['window']:g} s, MaximumConcurrency {cap['maximum_concurrency']}, "
+          f"ReservedConcurrentExecutions {cap['reserved']}, Timeout {cap['timeout']} s. "
           f"An invocation runs its records' chains side by side (at most BatchSize) and keeps them while time "
-          f"allows, so at most {side_by_side} chains run at once. The local stack reads these from the "
-          f"template and has no environment override for them: this run uses the template's.")
+          f"allows, so at most {side_by_side} chains run at once.")
     ideal = args.requests / args.concurrency * args.latency
     print(f"ideal at concurrency {args.concurrency}: {ideal:.1f} s = {args.concurrency / args.latency:.1f} req/s")
 
     stack = None
-    catalog_dir = Path(tempfile.mkdtemp(prefix="fi-bench-catalog-"))
-    catalog = c.write_catalog(catalog_dir, args.concurrency, [model])
     try:
-        stack = c.StackProcess(env={"MODEL_CATALOG_PATH": str(catalog)}, short_timings=False, stats=True)
+        stack = c.StackProcess(env={"MODEL_CATALOG_PATH": str(catalog)}, short_timings=False, stats=True,
+                               template=template)
         stack.admin("set-account", "dev", "--concurrency", str(args.account_concurrency))
         client = c.Client(stack.base_url, stack.key)
         directive = f"[sim:latency={args.latency:g}]"

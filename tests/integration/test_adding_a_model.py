@@ -89,6 +89,8 @@ def test_the_template_and_the_catalog_agree(copy: Path) -> None:
     for model, logical_id in workers.items():
         assert functions[logical_id].properties["ReservedConcurrentExecutions"] == \
             catalog.models[model].worker_concurrency, logical_id
+        mapping = next(iter(functions[logical_id].events("SQS").values()))
+        assert mapping["BatchSize"] == catalog.models[model].worker_batch_size, logical_id
     # Its queues, log group and alarms came with the block; no other resource changed.
     before = load_template(REPO / "template.yaml")
     added = set(template["Resources"]) - set(before["Resources"])

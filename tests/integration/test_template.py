@@ -397,14 +397,23 @@ def test_each_model_has_its_own_queue_and_worker(
                     "models.json; README \"Sizing a model\")")
             assert properties["ReservedConcurrentExecutions"] == info.worker_concurrency, must
             assert event["ScalingConfig"]["MaximumConcurrency"] == info.worker_concurrency, must
+            sizes = (f"template.yaml block {logical_id.split('/')[0]}: WorkerBatchSize must be "
+                     f"{info.worker_batch_size} and WorkerBatchingWindowSeconds "
+                     f"{info.worker_batching_window_seconds} (for batch_concurrency {info.batch_concurrency} of "
+                     f"{model} in models.json; README \"Sizing a model\")")
+            assert event["BatchSize"] == info.worker_batch_size, sizes
+            assert event["MaximumBatchingWindowInSeconds"] == info.worker_batching_window_seconds, sizes
     assert set(worker_queue) == set(catalog.models)
     # The code finds each model's queue by name: the URL it derives is the queue's URL.
     for model, queue_name in worker_queue.items():
         assert settings.model_queue_url(model).rsplit("/", 1)[1] == queue_name, model
 
 
+PER_MODEL_PARAMETERS = ("ModelId", "WorkerConcurrency", "WorkerBatchSize", "WorkerBatchingWindowSeconds")
+
+
 def test_every_model_block_passes_the_same_shared_resources() -> None:
-    # One block per model: its ModelId and WorkerConcurrency, then the same shared values.
+    # One block per model: its ModelId and its sizes, then the same shared values.
     root = load_template(TEMPLATE, nested=False)
     child = load_template(MODEL_TEMPLATE, nested=False)
     blocks = {i: r["Properties"] for i, r in resources_of_type(root, "AWS::Serverless::Application").items()}
@@ -413,7 +422,7 @@ def test_every_model_block_passes_the_same_shared_resources() -> None:
     for logical_id, properties in blocks.items():
         assert properties["Location"] == "model/template.yaml", logical_id
         assert set(properties["Parameters"]) == set(child["Parameters"]), logical_id
-        shared.append({k: v for k, v in properties["Parameters"].items() if k not in ("ModelId", "WorkerConcurrency")})
+        shared.append({k: v for k, v in properties["Parameters"].items() if k not in PER_MODEL_PARAMETERS})
     assert all(values == shared[0] for values in shared)
     assert shared[0]["StackName"] == {"Ref": "AWS::StackName"}
 
@@ -561,12 +570,14 @@ def test_the_readme_sizing_table_is_the_catalog_rule() -> None:
     # The operator sizes a model from this table, not from the code: each row must be what the
     # catalog derives, and its largest capacity must be one the catalog takes.
     section = (REPO / "README.md").read_text().split("### Sizing a model\n")[1].split("\n### ")[0]
-    rows = [(int(capacity), int(workers)) for capacity, workers in
-            (line.strip("|").split("|") for line in section.splitlines() if re.fullmatch(r"\| \d+ \| \d+ \|", line))]
-    assert [capacity for capacity, _ in rows] == [4, 16, 64, 128, 500]
-    for capacity, workers in rows:
+    rows = [tuple(int(cell) for cell in line.strip("|").split("|")) for line in section.splitlines()
+            if re.fullmatch(r"(\| \d+ )+\|", line)]
+    assert [row[0] for row in rows] == [4, 16, 64, 128, 500]
+    for row in rows:
         info = ModelInfo(input_usd_per_million_tokens=0, output_usd_per_million_tokens=0, tiers=[],
-                         batch_concurrency=capacity)
-        assert info.worker_concurrency == workers, f"README row {capacity}: it is {info.worker_concurrency}"
+                         batch_concurrency=row[0])
+        derived = (info.batch_concurrency, info.worker_concurrency, info.worker_batch_size,
+                   info.worker_batching_window_seconds)
+        assert row == derived, f"README row {row[0]}: it is {derived}"
     words = " ".join(section.split())
     assert "needs a quota increase first" in words and "admin --stack-name … preflight" in words

@@ -20,6 +20,12 @@ NANO_PER_USD = 1_000_000_000
 # so 500 is the largest batch capacity one model's worker can serve.
 MAX_MAPPING_CONCURRENCY = 1000
 MAX_BATCH_CONCURRENCY = MAX_MAPPING_CONCURRENCY // 2
+# An invocation runs one chain per SQS record side by side, and is billed by GB-second while it
+# waits on the upstream: the more records it takes, the less each request costs. Lambda takes an
+# SQS BatchSize over 10 only with a batching window of at least 1 s. 24 chains and one large
+# request is the most a 256 MB worker holds (worker/memory.py; tests/unit/test_worker_memory.py).
+SQS_BATCH_SIZE_WITHOUT_WINDOW = 10
+MAX_WORKER_BATCH_SIZE = 24
 
 
 class ModelInfo(BaseModel):
@@ -53,6 +59,19 @@ class ModelInfo(BaseModel):
         message waits in the queue until some held invocation ends, with its slot idle meanwhile.
         batch_concurrency >= 1 keeps it at or above the mapping's minimum, 2."""
         return 2 * self.batch_concurrency
+
+    @property
+    def worker_batch_size(self) -> int:
+        """The SQS mapping's BatchSize, which the model's block passes as WorkerBatchSize: the
+        chains one invocation runs side by side. Up to the batch capacity (more chains than slots
+        would only wait), at least Lambda's 10 without a window, at most MAX_WORKER_BATCH_SIZE."""
+        return min(MAX_WORKER_BATCH_SIZE, max(SQS_BATCH_SIZE_WITHOUT_WINDOW, self.batch_concurrency))
+
+    @property
+    def worker_batching_window_seconds(self) -> int:
+        """The mapping's MaximumBatchingWindowInSeconds (WorkerBatchingWindowSeconds): none where
+        Lambda allows it, since a woken chain should start at once; the 1 s minimum above 10."""
+        return 1 if self.worker_batch_size > SQS_BATCH_SIZE_WITHOUT_WINDOW else 0
 
     def cost_nano(self, prompt_tokens: int, completion_tokens: int) -> int:
         # USD per million tokens == micro-USD per token == 1000 nano-USD per token.

@@ -23,12 +23,14 @@ import functools
 import threading
 from types import TracebackType
 
+from freeinference_batch.catalog import MAX_WORKER_BATCH_SIZE
 from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
 from freeinference_batch.upstream import MAX_RESPONSE_BYTES
 
 MIB = 1024 * 1024
-# Records an invocation runs side by side: a full SQS batch (the template's BatchSize).
-RECORD_THREADS = 10
+# Records an invocation runs side by side: at most a full SQS batch, whose size follows from the
+# model's capacity (catalog.ModelInfo.worker_batch_size): sized for the largest any model gets.
+RECORD_THREADS = MAX_WORKER_BATCH_SIZE
 # The worker's MemorySize in model/template.yaml (tests/integration/test_template.py checks it):
 # what a Worker is sized for when no Lambda context says otherwise.
 FUNCTION_MEMORY_MB = 256
