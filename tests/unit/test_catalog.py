@@ -17,6 +17,14 @@ def test_a_worker_reserves_twice_the_batch_capacity(capacity: int, workers: int)
     assert _model(capacity).worker_concurrency == workers
 
 
+@pytest.mark.parametrize(("capacity", "batch_size", "window"),
+                         [(1, 10, 0), (4, 10, 0), (10, 10, 0), (11, 11, 1), (24, 24, 1), (25, 24, 1), (500, 24, 1)])
+def test_an_invocation_runs_up_to_the_capacity_in_chains_with_a_window_only_above_ten(
+        capacity: int, batch_size: int, window: int) -> None:
+    # Lambda refuses an SQS BatchSize over 10 without a batching window of at least 1 s.
+    assert (_model(capacity).worker_batch_size, _model(capacity).worker_batching_window_seconds) == (batch_size, window)
+
+
 def test_a_capacity_one_worker_cannot_serve_is_refused_naming_the_limit() -> None:
     with pytest.raises(ValidationError) as refused:
         Catalog.model_validate({"models": {"big-model": {
