@@ -138,10 +138,12 @@ def test_duplicate_arriving_while_the_request_runs_is_kept_until_it_settles(harn
     message = message_for(harness, batch["id"], 0)
     real_call = upstream_client.call
     seen: list = []
+    holders: list[int] = []
 
     def call_with_a_duplicate(*args, **kwargs):
         # While the first delivery waits on the model, a second delivery of the same message
         seen.append(Worker(harness.settings).process(message, NO_RECORD))
+        holders.append(len(Leases(harness.settings).holders(model_slots_key(MODEL))))
         return real_call(*args, **kwargs)
 
     monkeypatch.setattr(upstream_client, "call", call_with_a_duplicate)
@@ -151,6 +153,9 @@ def test_duplicate_arriving_while_the_request_runs_is_kept_until_it_settles(harn
     # the very message the run holds, made visible again through an older receipt handle: deleting
     # it could lose the chain's token); once the request has settled, a delivery drops it
     assert len(seen) == 1 and isinstance(seen[0], Parked) and seen[0].seconds >= 1
+    # (it gave back the slot it took before its claim failed: only the run's is held)
+    assert holders == [1]
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
     assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)
     assert attempts(sim, batch["id"], 0) == 1
     final = harness.batch(batch["id"])

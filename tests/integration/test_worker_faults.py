@@ -16,7 +16,7 @@ from freeinference_batch import accounts, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
-from freeinference_batch.worker import Done, Parked, Worker, runner
+from freeinference_batch.worker import Done, Parked, Worker, claims, runner
 from freeinference_batch.worker.memory import MIB, LargeRequests
 
 from tests.integration.conftest import StubUpstream, sample_request
@@ -80,6 +80,39 @@ def test_a_request_whose_every_run_dies_fails_after_the_attempt_limit(harness, m
     assert final["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
     assert meta_of(harness, batch["id"]).running == 0
     assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+
+
+def test_a_run_that_dies_between_taking_its_slots_and_its_claim_holds_them_only_until_they_expire(
+        harness, monkeypatch):
+    # Given an account of one concurrent request, and a batch of one request
+    accounts.set_account(harness.settings, ACCOUNT, concurrency=1)
+    batch = harness.create([sample_request("q-0", "Hello")])
+    message = message_for(harness, batch["id"], 0)
+    real_transact = claims.transact
+
+    def dying_transact(elements):
+        raise WorkerDied
+
+    # When its first run dies after taking both slots (plain writes) and before its claim
+    monkeypatch.setattr(claims, "transact", dying_transact)
+    with pytest.raises(WorkerDied):
+        Worker(harness.settings).process(message, NO_RECORD)
+    monkeypatch.setattr(claims, "transact", real_transact)
+    # Then nothing was claimed or counted, and the dead run's leases hold both slots
+    assert (state_of(harness, batch["id"], 0) or {}).get("attempts", 0) == 0
+    assert meta_of(harness, batch["id"]).running == 0
+    leaked = Leases(harness.settings).holders(account_slots_key(ACCOUNT))
+    assert len(leaked) == 1
+    assert leaked.keys() == Leases(harness.settings).holders(model_slots_key(MODEL)).keys()
+    # So the next delivery waits for the account's one slot...
+    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Parked)
+    assert (state_of(harness, batch["id"], 0) or {}).get("attempts", 0) == 0
+    # ...until the leases expire: then it reaps them and runs, once
+    harness.advance_clock(harness.settings.slot_lease_seconds + 1)
+    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)
+    assert state_of(harness, batch["id"], 0)["attempts"] == 1
+    assert harness.batch(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
 
 

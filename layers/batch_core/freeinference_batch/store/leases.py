@@ -146,6 +146,12 @@ class Leases:
     def release(self, slots_key: dict, holder: str) -> None:
         aws.dynamodb().update_item(**self.release_element(slots_key, holder)["Update"])
 
+    def release_all(self, slots_keys: list[dict], holder: str) -> None:
+        """Give up the holder's slots, one plain write each (a holder is one run's alone, so
+        releasing one already released or reaped changes nothing)."""
+        for slots_key in slots_keys:
+            self.release(slots_key, holder)
+
     def reap(self, slots_key: dict, now: float) -> int:
         """Make sure the slots item exists and drop expired leases; returns how many are still held
         (as read now: the item may have changed since the caller read it)."""

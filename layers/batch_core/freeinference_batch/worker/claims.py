@@ -12,7 +12,7 @@ from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.dynamo import TransactionFailed, apply_update, transact
 from freeinference_batch.store.leases import Leases, new_holder
 from freeinference_batch.store.runs import RunWrites, Tally
 from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiting_since
@@ -81,17 +81,29 @@ class Claims:
         token = uuid.uuid4().hex
         slots_until = now + self.settings.slot_lease_seconds
         waiting_as = waiter_id(message, meta)
-        claim = [
-            self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta.ttl),
-            *self.writes.start_chain(message, meta, holder, now),
-            *(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
-                                          stop_waiting=waiting_as if waiting_as in (item or {}).get("waiters", {})
-                                          else None)
-              for slots_key, item, capacity in slots),
-        ]
+        # The slots first, each by a plain conditional write, then the claim's transaction. The
+        # slots items are the table's hottest and largest (31 KB at 500 holders): in a transaction
+        # DynamoDB would bill each of their writes twice, and transactions on them would conflict
+        # with each other. A run that dies between the two leaves leases that no claim names: they
+        # expire (slot_lease_seconds) and whoever next finds the slots full reaps them.
+        taken: list[dict] = []
+        for slots_key, item, capacity in slots:
+            stop_waiting = waiting_as if waiting_as in (item or {}).get("waiters", {}) else None
+            if not apply_update(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
+                                                            stop_waiting=stop_waiting)):
+                # Someone took the slot since the read.
+                if taken:
+                    self.leases.release_all(taken, holder)
+                    self.waiting.wake_waiters(message, meta.account_id, now)
+                return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
+            taken.append(slots_key)
+        claim = [self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta.ttl),
+                 *self.writes.start_chain(message, meta, holder, now)]
         try:
             transact(claim)
         except TransactionFailed as failure:
+            self.leases.release_all(taken, holder)
+            self.waiting.wake_waiters(message, meta.account_id, now)
             if failure.failed(0):
                 return self._duplicate(message, now)
             if failure.failed(1):
@@ -101,9 +113,7 @@ class Claims:
                 # two requests), or a run died with it and the sweep has yet to count its requests.
                 logger.info("chain busy: waiting", extra=log)
                 return Parked(random.uniform(*CHAIN_BUSY_WAIT_SECONDS))
-            # Someone took the slot since the read.
-            slots_key, _, capacity = slots[0 if failure.failed(3) else 1]
-            return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
+            return Parked(0)  # conflicts outlasted the retries: nothing was claimed, look again
         metric("QueueWait", max(0.0, now - sent), "Seconds")
         tally = Tally(message.model, meta.lane_widths[message.model], head=message.index, since=now)
         return Claimed(message, meta, token, holder, has_record=True, tally=tally, capacity=verdict.capacity,

@@ -5,16 +5,18 @@ calls, a request's life is:
 
 1. one BatchGetItem reads the batch, the owner's key, account and day's usage, the model's
    interactive load and both slot items (the gates, cheapest first);
-2. one transaction claims it: request queued→running (attempts+1), the batch's running count,
-   a model slot and an account slot (slots are leases held by the chain, see store/leases.py);
+2. a model slot and an account slot, one conditional write each (slots are leases held by the
+   chain, see store/leases.py), then one transaction claims it: request queued→running
+   (attempts+1), the chain taken at its head, the batch's running count;
 3. the upstream call;
-4. one transaction hands over: this request's final state, the batch's counters and cost, the
-   day's usage, the lane's chain moved on, and the chain's next request claimed, after step 1's
-   gates for it. The chain keeps its two slots without writing them (it renews its hold once
-   per `lease_seconds`). The next request then runs in the same invocation.
+4. the hand-over, after step 1's gates for the chain's next request: one write settles this
+   request, one claims the next, and now and then one transaction counts what the run settled
+   (the batch's counters and cost, the day's usage, the chain's head moved on). The chain keeps
+   its two slots without writing them (it renews its hold once per `lease_seconds`). The next
+   request then runs in the same invocation.
 
-A chain leaves the invocation (a plain settle that releases the slots, and a message for its
-next request) when a gate says no, the invocation is near its timeout, the request is to be
+A chain leaves the invocation (a settle and count that stops the chain, the slots released,
+and a message for its next request) when a gate says no, the invocation is near its timeout, the request is to be
 retried, or a smaller batch waits for the slots (then the chain yields, see settling.py).
 Whoever releases a slot wakes the best waiting chain at once.
 

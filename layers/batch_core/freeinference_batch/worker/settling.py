@@ -197,23 +197,26 @@ class Settler:
         return False
 
     def _leave(self, claimed: Claimed, now: float, settle: dict | None, lease_until: float) -> bool:
-        """The run gives its chain up, in one transaction: the request's settle (if any), the count
+        """The run gives its chain up: in one transaction the request's settle (if any), the count
         of everything the run settled and the chain's head moved past it (to the first request not
-        settled, which the retry or the chain's next message starts from), one running fewer, and
-        both slots released. False when the run had lost its claim (or its chain): then the sweep,
-        which took them back, counts for it."""
+        settled, which the retry or the chain's next message starts from), and one running fewer;
+        then both slots released. False when the run had lost its claim (or its chain): then the
+        sweep, which took them back, counts for it.
+
+        The slots are released by plain writes, not in the transaction, for the reason they are
+        taken that way (claims.py): a run that dies between the two leaves leases that expire."""
         message, meta, holder = claimed.message, claimed.meta, claimed.holder
         elements = [*([settle] if settle else []),
                     *self.writes.flush(message.batch_id, meta.account_id, claimed.tally, holder, now, lease_until,
-                                       stop=True),
-                    self.leases.release_element(model_slots_key(message.model), holder),
-                    self.leases.release_element(account_slots_key(meta.account_id), holder)]
+                                       stop=True)]
         try:
             transact(elements)
+            left = True
         except TransactionFailed:
             logger.warning("settle lost its claim", extra={"batch_id": message.batch_id, "position": message.position})
-            return False
-        return True
+            left = False
+        self.leases.release_all([model_slots_key(message.model), account_slots_key(meta.account_id)], holder)
+        return left
 
     def _retry_delay(self, attempts: int, retry_after: float | None) -> float:
         """Exponential backoff with jitter; an upstream Retry-After is a floor."""
