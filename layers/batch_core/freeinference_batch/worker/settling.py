@@ -141,24 +141,25 @@ class Settler:
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
         # nothing claimed behind.
-        if renewals or tally.due(now, self.settings.batch_dispatch_lease_seconds):
+        if tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
-                transact([*self.writes.flush(message.batch_id, meta.account_id, tally, holder, now,
-                                             now + self.settings.batch_dispatch_lease_seconds), *renewals])
+                transact(self.writes.flush(message.batch_id, meta.account_id, tally, holder, now,
+                                           now + self.settings.batch_dispatch_lease_seconds))
                 tally = claimed.tally = tally.counted(now)
             except TransactionConflict:
-                pass  # nothing was written: the tally (and any renewal) waits for the next hand-over
-            except TransactionFailed as failure:
-                if failure.failed(0):
-                    # Only a sweep that took this run for dead moves the chain under it: it counts
-                    # what this run settled and sends the chain's next message.
-                    logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
-                                                                    "position": message.position})
-                    return Done()
-                # A slot's renewal failed (the capacity shrank below its holders since the read,
-                # or the lease was reaped): give the chain up, its next request by a message.
-                self._give_up(claimed, following, now)
+                pass  # nothing was written: the tally waits for the next hand-over
+            except TransactionFailed:
+                # Only a sweep that took this run for dead moves the chain under it: it counts
+                # what this run settled and sends the chain's next message.
+                logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
+                                                                "position": message.position})
                 return Done()
+        # Renewals are plain writes, as the slots are taken (claims.py), not part of the count.
+        if renewals and not all(apply_update(renewal) for renewal in renewals):
+            # A slot's renewal failed (the capacity shrank below its holders since the read, or
+            # the lease was reaped): give the chain up, its next request by a message.
+            self._give_up(claimed, following, now)
+            return Done()
         next_token = uuid.uuid4().hex
         if not self._claim_next(following, next_token, holder, now, fresh_meta.ttl):
             # Claimed by another run (the sweep took this one for dead and sent the chain's message
