@@ -26,12 +26,17 @@ each item and each partition key would take with --hot-in-flight (500) requests 
 --model-latency, all of one batch and one account as in this run; DynamoDB allows 1,000 WCU/s per
 partition, and the target is a third of that. Also how many worker invocations that load needs.
 
+By default the batch is 1,500 requests on a model of 64 batch slots: a model at scale, as issue
+13 sets the cost target for (a model serving hundreds of requests at once). At the packaged 4
+slots (`--concurrency 0 --requests 200`) at most 4 requests share a worker invocation, so at 5 s
+Lambda alone costs $4.17 a million at 256 MB, whatever else the run does.
+
 With --concurrency N the model gets N batch slots (a catalog written to a temp dir, passed as
 MODEL_CATALOG_PATH), its worker the sizes README "Sizing a model" gives for N (a copy of
 template.yaml beside it: WorkerConcurrency, BatchSize, batching window), and the dev account
 enough concurrent-request slots.
 
-    .venv/bin/python bench/aws_calls.py [--requests 200] [--latency 0.05] [--page 1000] [--concurrency 4]
+    .venv/bin/python bench/aws_calls.py [--requests 1500] [--latency 0.05] [--page 1000] [--concurrency 64]
 """
 
 from __future__ import annotations
@@ -80,15 +85,15 @@ def add(stats: list[OpStats]) -> OpStats:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=200, help="requests in the batch (default 200)")
+    parser.add_argument("--requests", type=int, default=1500, help="requests in the batch (default 1500)")
     parser.add_argument("--latency", type=float, default=0.05, help="simulated upstream latency in this run, s")
     parser.add_argument("--page", type=int, default=1000, help="results per page when reading (default 1000)")
     parser.add_argument("--poll", type=float, default=0.5, help="status poll interval while waiting, s")
     parser.add_argument("--schedule-seconds", type=float, default=60.0,
                         help="how often the local schedules run (default 60, the template's rate)")
     parser.add_argument("--model-latency", type=float, default=5.0, help="upstream latency in the cost model, s")
-    parser.add_argument("--concurrency", type=int, default=0,
-                        help="the model's batch slots (default: the packaged catalog's, 4)")
+    parser.add_argument("--concurrency", type=int, default=64,
+                        help="the model's batch slots (default 64; 0: the packaged catalog's, 4)")
     parser.add_argument("--old-per-invocation", type=float, default=4.0,
                         help="the old model's assumed requests per invocation, for the comparison line only (4)")
     parser.add_argument("--hot-in-flight", type=int, default=500,
