@@ -7,14 +7,17 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from botocore.exceptions import ClientError
 from freeinference_batch import accounts, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
+from freeinference_batch.store.dynamo import apply_update
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker, claims, runner
 from freeinference_batch.worker.memory import MIB, LargeRequests
@@ -114,6 +117,60 @@ def test_a_run_that_dies_between_taking_its_slots_and_its_claim_holds_them_only_
     assert state_of(harness, batch["id"], 0)["attempts"] == 1
     assert harness.batch(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+
+
+def test_an_aws_error_between_taking_the_slots_and_the_claim_gives_them_back(harness, monkeypatch):
+    # Given a batch of one request, and DynamoDB failing the claim's transaction with a server error
+    batch = harness.create([sample_request("q-0", "Hello")])
+    message = message_for(harness, batch["id"], 0)
+    real_transact = claims.transact
+
+    def failing_transact(elements):
+        raise ClientError({"Error": {"Code": "InternalServerError", "Message": "try again"}}, "TransactWriteItems")
+
+    monkeypatch.setattr(claims, "transact", failing_transact)
+    # When a run takes both slots and then meets the error
+    with pytest.raises(ClientError):
+        Worker(harness.settings).process(message, NO_RECORD)
+    monkeypatch.setattr(claims, "transact", real_transact)
+    # Then it gave both slots back (they do not wait to expire), and nothing was claimed
+    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
+    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+    assert (state_of(harness, batch["id"], 0) or {}).get("attempts", 0) == 0
+    # And the next delivery runs it, once
+    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)
+    assert harness.batch(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+
+
+def test_taking_a_slot_again_whose_first_answer_was_lost_succeeds_even_when_it_filled_the_slots(harness):
+    # Given a model's slots one short of full (botocore sends a write again when its answer is lost)
+    leases = Leases(harness.settings)
+    key = model_slots_key(MODEL)
+    leases.reap(key, 0)
+    until = time.time() + 3600
+    for holder in ("other-0", "other-1", "other-2"):
+        assert apply_update(leases.acquire_element(key, holder, 4, until))
+    # When a holder takes the last slot, and the same write arrives again
+    assert apply_update(leases.acquire_element(key, "mine", 4, until))
+    assert apply_update(leases.acquire_element(key, "mine", 4, until))
+    # Then it holds its one slot, and the slots are full to anyone else
+    assert set(leases.holders(key)) == {"other-0", "other-1", "other-2", "mine"}
+    assert not apply_update(leases.acquire_element(key, "another", 4, until))
+
+
+def test_a_release_that_fails_leaves_the_lease_to_expire_without_raising(harness, monkeypatch):
+    leases = Leases(harness.settings)
+    key = model_slots_key(MODEL)
+    leases.reap(key, 0)
+    assert apply_update(leases.acquire_element(key, "mine", 4, time.time() + 3600))
+
+    def failing_release(slots_key, holder):
+        raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
+                          "UpdateItem")
+
+    monkeypatch.setattr(leases, "release", failing_release)
+    leases.release_all([key], "mine")  # what follows a release (count, wake, next message) must still run
+    assert set(Leases(harness.settings).holders(key)) == {"mine"}
 
 
 def test_a_poisoned_record_fails_alone_in_its_invocation(harness, monkeypatch):

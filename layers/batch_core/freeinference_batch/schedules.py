@@ -134,15 +134,20 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane
 def _stop_chain(writes: RunWrites, meta: BatchRecord, lane: dict, chain: int, runner: str,
                 fence_position: int | None = None) -> bool:
     """A run died holding the chain but no request: the chain is free again, one running fewer."""
-    leases = Leases(writes.settings)
     try:
-        transact([*writes.stop_chain(meta.id, lane["model"], chain, runner, fence_position),
-                  leases.release_element(model_slots_key(lane["model"]), runner),
-                  leases.release_element(account_slots_key(meta.account_id), runner)])
+        transact(writes.stop_chain(meta.id, lane["model"], chain, runner, fence_position))
     except TransactionFailed:
         return False
+    _release_slots(writes.settings, meta, lane, runner)
     logger.warning("freed the chain of a run that stopped", extra={"batch_id": meta.id, "chain": chain})
     return True
+
+
+def _release_slots(settings: Settings, meta: BatchRecord, lane: dict, holder: str) -> None:
+    """A dead run's slots, released after the transaction that took its work back, by plain writes
+    as the workers take them: no transaction writes the slots items, so none conflicts with a
+    worker's plain write there (which DynamoDB would refuse, TransactionConflict, unretried)."""
+    Leases(settings).release_all([model_slots_key(lane["model"]), account_slots_key(meta.account_id)], holder)
 
 
 def _send_next(settings: Settings, table: BatchTable, meta: BatchRecord, lane: dict, head: int,
@@ -166,7 +171,6 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: di
     chain moving past it; or it would take a worker down, and every request beside it, forever.
     Its slots are released and its run's chain freed (one running fewer). Conditional on the dead
     run's claim, so a late settle cannot also count."""
-    leases = Leases(writes.settings)
     claim = state.get("claim", "")
     holder = state.get("slot_holder", claim)
     if runner is not None and runner != holder:
@@ -190,10 +194,10 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: di
             queued=RequestStatus.QUEUED, running=RequestStatus.RUNNING, claim=claim, zero=0)
         chain = writes.stop_chain(meta.id, lane["model"], head % lane["width"], runner) if runner else []
     try:
-        transact([request, *chain, leases.release_element(model_slots_key(lane["model"]), holder),
-                  leases.release_element(account_slots_key(meta.account_id), holder)])
+        transact([request, *chain])
     except TransactionFailed:
         return False
+    _release_slots(writes.settings, meta, lane, holder)
     done = "failed a request whose every run was interrupted" if interrupted else "took back a stopped run's request"
     logger.warning(done, extra={"batch_id": meta.id, "position": position})
     return True

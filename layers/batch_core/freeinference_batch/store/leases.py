@@ -3,8 +3,9 @@ writes: `MODEL#<id>/SLOTS` (the model's batch slots) and `ACCOUNT#<id>/SLOTS` (t
 concurrent-request slots, shared with its interactive traffic).
 
 A slot is an entry `holder -> expiry` in the item's `leases` map; taking one is a conditional
-write on the map's size, so it can sit inside the claim transaction. A worker that dies leaves
-an entry that simply expires: whoever next finds the slots full reaps expired entries. A holder
+write on the map's size, written alone (never in a transaction, which DynamoDB bills twice: these
+are the table's largest hot items). A worker that dies leaves an entry that simply expires:
+whoever next finds the slots full reaps expired entries. A holder
 is a batch's chain, `<batch id>.<lane>.<random>`, for as long as it runs on in one invocation
 (its requests' claims come and go under it: see `Settings.slot_lease_seconds`), so the map also
 tells how many slots each batch holds, and which of its lanes hold them.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from botocore.exceptions import ClientError
 
 from freeinference_batch import aws
+from freeinference_batch.observability import logger
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.dynamo import from_item, is_conditional_failure, key, values
 
@@ -121,7 +123,9 @@ class Leases:
         return {"Update": {
             "TableName": self.table, "Key": slots_key,
             "UpdateExpression": expression,
-            "ConditionExpression": "attribute_exists(leases) AND size(leases) < :capacity",
+            # Already ours: a write botocore sent again after its answer was lost succeeds again.
+            "ConditionExpression": "attribute_exists(leases.#holder) OR "
+                                   "(attribute_exists(leases) AND size(leases) < :capacity)",
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values(until=lease_expiry(until), capacity=capacity),
         }}
@@ -148,9 +152,15 @@ class Leases:
 
     def release_all(self, slots_keys: list[dict], holder: str) -> None:
         """Give up the holder's slots, one plain write each (a holder is one run's alone, so
-        releasing one already released or reaped changes nothing)."""
+        releasing one already released or reaped changes nothing). Never raises: a release that
+        fails leaves a lease that expires, which must not stop what the caller does next (count,
+        wake, send the chain's next message)."""
         for slots_key in slots_keys:
-            self.release(slots_key, holder)
+            try:
+                self.release(slots_key, holder)
+            except Exception:
+                logger.warning("could not release a slot: it expires", exc_info=True,
+                               extra={"slots": slots_key["pk"]["S"]})
 
     def reap(self, slots_key: dict, now: float) -> int:
         """Make sure the slots item exists and drop expired leases; returns how many are still held

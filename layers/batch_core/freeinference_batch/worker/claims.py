@@ -1,5 +1,6 @@
-"""Claiming a request: its gates, a slot of the model and of the account, and the claim
-transaction (request queued -> running, the batch's running count, both slots)."""
+"""Claiming a request: its gates, a slot of the model and of the account (a conditional write
+each), and the claim transaction (request queued -> running, the chain taken, the batch's running
+count)."""
 
 from __future__ import annotations
 
@@ -87,23 +88,19 @@ class Claims:
         # with each other. A run that dies between the two leaves leases that no claim names: they
         # expire (slot_lease_seconds) and whoever next finds the slots full reaps them.
         taken: list[dict] = []
-        for slots_key, item, capacity in slots:
-            stop_waiting = waiting_as if waiting_as in (item or {}).get("waiters", {}) else None
-            if not apply_update(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
-                                                            stop_waiting=stop_waiting)):
-                # Someone took the slot since the read.
-                if taken:
-                    self.leases.release_all(taken, holder)
-                    self.waiting.wake_waiters(message, meta.account_id, now)
-                return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
-            taken.append(slots_key)
-        claim = [self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta.ttl),
-                 *self.writes.start_chain(message, meta, holder, now)]
         try:
-            transact(claim)
+            for slots_key, item, capacity in slots:
+                stop_waiting = waiting_as if waiting_as in (item or {}).get("waiters", {}) else None
+                if not apply_update(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
+                                                                stop_waiting=stop_waiting)):
+                    # Someone took the slot since the read.
+                    self._give_back(message, meta, holder, taken, now)
+                    return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
+                taken.append(slots_key)
+            transact([self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta.ttl),
+                      *self.writes.start_chain(message, meta, holder, now)])
         except TransactionFailed as failure:
-            self.leases.release_all(taken, holder)
-            self.waiting.wake_waiters(message, meta.account_id, now)
+            self._give_back(message, meta, holder, taken, now)
             if failure.failed(0):
                 return self._duplicate(message, now)
             if failure.failed(1):
@@ -114,10 +111,24 @@ class Claims:
                 logger.info("chain busy: waiting", extra=log)
                 return Parked(random.uniform(*CHAIN_BUSY_WAIT_SECONDS))
             return Parked(0)  # conflicts outlasted the retries: nothing was claimed, look again
+        except Exception:
+            # An AWS error between the slots and the claim (the caller parks the message): give the
+            # slots back now rather than leave them to expire. Should the claim have been written
+            # after all, its request runs nowhere, and the sweep takes it back by its lease.
+            self._give_back(message, meta, holder, taken, now)
+            raise
         metric("QueueWait", max(0.0, now - sent), "Seconds")
         tally = Tally(message.model, meta.lane_widths[message.model], head=message.index, since=now)
         return Claimed(message, meta, token, holder, has_record=True, tally=tally, capacity=verdict.capacity,
                        backoff=gates.backoff)
+
+    def _give_back(self, message: RequestMessage, meta: BatchRecord, holder: str, taken: list[dict],
+                   now: float) -> None:
+        """Release the slots a claim took before it failed, and wake whoever waits for them (a
+        chain may have found them full meanwhile)."""
+        if taken:
+            self.leases.release_all(taken, holder)
+            self.waiting.wake_waiters(message, meta.account_id, now)
 
     def _duplicate(self, message: RequestMessage, now: float) -> Done | Parked:
         """The claim found the request not queued. If it has settled, this message is spent: drop

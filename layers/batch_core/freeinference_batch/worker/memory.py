@@ -5,9 +5,9 @@ holding one request's body and, once it answers, the model's response. Most are 
 body may be up to the create limit (32 MiB) and a response up to `upstream.MAX_RESPONSE_BYTES`
 (8 MiB), and holding a response costs about 6.5 times its size by the time it is stored (the
 bytes read, the parsed JSON, its encoding and its compression: measured with tracemalloc on an
-8 MiB completion, 51 MiB at the peak). Ten of those at once would take 500 MiB, more than the
-function has: a batch of large answers would crash every invocation that ran it, and the other
-batches' chains with it.
+8 MiB completion, 51 MiB at the peak). Ten of those at once (a batch of 10 to 24 records)
+would take 500 MiB or more, more than the function has: a batch of large answers would crash
+every invocation that ran it, and the other batches' chains with it.
 
 So a request whose body, or whose response as it streams in, passes `LARGE_BYTES` first takes
 one of a few permits, and waits for one if none is free. A permit's holder never waits for

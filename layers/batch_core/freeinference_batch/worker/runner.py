@@ -16,8 +16,9 @@ calls, a request's life is:
    request then runs in the same invocation.
 
 A chain leaves the invocation (a settle and count that stops the chain, the slots released,
-and a message for its next request) when a gate says no, the invocation is near its timeout, the request is to be
-retried, or a smaller batch waits for the slots (then the chain yields, see settling.py).
+and a message for its next request) when a gate says no, the invocation is near its timeout,
+the request is to be retried, or a smaller batch waits for the slots (then the chain yields,
+see settling.py).
 Whoever releases a slot wakes the best waiting chain at once.
 
 The parts, one module each: `gates` (what a request must pass before every run), `claims`
@@ -25,9 +26,10 @@ The parts, one module each: `gates` (what a request must pass before every run),
 `settling` (the settle and the hand-over), `chains` (a lane's chains), `overload` (the model's
 cap under upstream overload); the writes themselves are `store/runs.py`'s and `store/leases.py`'s.
 
-Every write is conditional on the request's claim token, so duplicate deliveries, concurrent
-workers and a worker that dies between any two steps never count anything twice: what a dead
-worker leaves behind, the sweep finds by its expired lease.
+Every write of a request, and every count, is conditional on the request's claim token or the
+chain's head, so duplicate deliveries, concurrent workers and a worker that dies between any two
+steps never count anything twice: what a dead worker leaves behind, the sweep finds by its
+expired lease. Slots are capacity, not counts: a slot a dead worker held expires.
 """
 
 from __future__ import annotations

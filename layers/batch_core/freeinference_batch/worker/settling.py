@@ -1,7 +1,8 @@
 """Settling a run: its final state (or its retry), the batch's counters and cost, the day's
 usage, the slots released, and the chain moved on. When the invocation has time for another
-request, the settle is a hand-over instead: the same transaction claims the chain's next request,
-which then runs in this invocation under the same hold on the slots."""
+request, the settle is a hand-over instead: the request settled alone, the chain's next request
+claimed alone, and what the run settled counted now and then; the next request then runs in this
+invocation under the same hold on the slots."""
 
 from __future__ import annotations
 
@@ -124,9 +125,12 @@ class Settler:
         renewals = []
         for slots_key, item, capacity in slots:
             leases = (item or {}).get("leases", {})
-            if holder not in leases or len(leases) > capacity:
-                return Leave()  # the capacity shrank (or our lease was reaped): release and queue up again
-            if float(leases[holder]) - now < self.settings.lease_seconds:
+            if len(leases) > capacity:
+                return Leave()  # the capacity shrank: release and queue up again
+            # A lease missing from this read (eventually consistent, gates.py) was reaped, or the
+            # read is older than our claim: the renewal's condition tells which (a reaped lease
+            # fails it, and the chain is given up).
+            if holder not in leases or float(leases[holder]) - now < self.settings.lease_seconds:
                 renewals.append(self.leases.renew_element(slots_key, holder, capacity,
                                                           now + self.settings.slot_lease_seconds))
         if self._should_yield(message.batch_id, holder, remaining(fresh_meta) - 1, slots, now):
@@ -212,12 +216,14 @@ class Settler:
                                        stop=True)]
         try:
             transact(elements)
-            left = True
         except TransactionFailed:
             logger.warning("settle lost its claim", extra={"batch_id": message.batch_id, "position": message.position})
-            left = False
+            # The callers wake waiters only after a leave that counted: these slots are free too.
+            self.leases.release_all([model_slots_key(message.model), account_slots_key(meta.account_id)], holder)
+            self.waiting.wake_waiters(message, meta.account_id, now)
+            return False
         self.leases.release_all([model_slots_key(message.model), account_slots_key(meta.account_id)], holder)
-        return left
+        return True
 
     def _retry_delay(self, attempts: int, retry_after: float | None) -> float:
         """Exponential backoff with jitter; an upstream Retry-After is a floor."""
