@@ -17,10 +17,11 @@ from botocore.exceptions import ClientError
 from freeinference_batch import accounts, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
+from freeinference_batch.store import input_chunks
 from freeinference_batch.store.dynamo import apply_update
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker, claims, runner
-from freeinference_batch.worker.memory import MIB, LargeRequests
+from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
 
 from tests.integration.conftest import StubUpstream, sample_request
 from tests.integration.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
@@ -279,6 +280,30 @@ def test_large_answers_take_turns_for_the_invocations_memory_and_all_complete(ha
     assert harness.batch(batch["id"])["request_counts"]["completed"] == 3
     assert all(line["response"]["body"]["choices"][0]["message"]["content"] == "x" * 2 * MIB
                for line in harness.results(batch["id"]))
+
+
+def test_a_large_request_takes_its_permit_before_its_input_is_decompressed(harness, stub, monkeypatch):
+    # Given a request whose body is over LARGE_BYTES, beside a small one, and one permit
+    stub.answer = json.dumps({"object": "chat.completion", "choices": [], "usage": {}}).encode()
+    permits = CountingPermits(1)
+    monkeypatch.setattr(runner, "large_requests", lambda *sizing: permits)
+    batch = harness.create([sample_request("small"), sample_request("large", "x" * (LARGE_BYTES + 1))])
+    held_when_unpacked: list[int] = []
+    real_unpack = input_chunks.unpack
+
+    def unpack(data: bytes):
+        held_when_unpacked.append(permits.held)
+        return real_unpack(data)
+
+    monkeypatch.setattr(input_chunks, "unpack", unpack)
+    # When a worker runs each
+    for position in (0, 1):
+        assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], position), NO_RECORD),
+                          Done)
+    # Then the large one's input (a chunk of its own) was decompressed under its permit, the small
+    # one's without one
+    assert held_when_unpacked == [0, 1]
+    assert (permits.taken, permits.held) == (1, 0)
 
 
 def test_small_answers_take_no_permit(harness, stub, monkeypatch):

@@ -222,12 +222,19 @@ class BatchTable:
         answer = aws.dynamodb().get_item(TableName=self.name, Key=meta_key(batch_id), ConsistentRead=consistent)
         return record_of(from_item(answer.get("Item")))
 
-    def get_chunk(self, batch_id: str, number: int) -> input_chunks.InputRun:
-        """The requests of one input chunk. Cached: chunks never change."""
+    def get_chunk(self, batch_id: str, number: int,
+                  holding: Callable[[int], None] = lambda size: None) -> input_chunks.InputRun:
+        """The requests of one input chunk. Cached: chunks never change. `holding(size)` is told
+        the size of a chunk's one body (a large body is alone in its chunk) before it is read or
+        decompressed: a worker takes its memory permit for a large one then."""
         cached = _chunks.get((batch_id, number))
         if cached is not None:
             return cached
-        run = input_chunks.unpack(self._chunk_data(batch_id, number))
+        data = self._chunk_data(batch_id, number, holding)
+        lines = input_chunks.header(data)
+        if len(lines) == 1:
+            holding(int(lines[0][2]))
+        run = input_chunks.unpack(data)
         _chunks.put((batch_id, number), run)
         return run
 
@@ -238,14 +245,17 @@ class BatchTable:
             return cached.custom_ids
         return input_chunks.unpack_custom_ids(self._chunk_data(batch_id, number))
 
-    def _chunk_data(self, batch_id: str, number: int) -> bytes:
+    def _chunk_data(self, batch_id: str, number: int,
+                    holding: Callable[[int], None] = lambda size: None) -> bytes:
         answer = aws.dynamodb().get_item(TableName=self.name, Key=key(batch_pk(batch_id), chunk_sk(number)))
         item = from_item(answer.get("Item"))
         if item is None:
             raise LookupError(f"input chunk {number} of {batch_id} is missing")
         if "data" in item:
             return item["data"]
-        return aws.s3().get_object(Bucket=self.bucket, Key=item["s3_key"])["Body"].read()
+        obj = aws.s3().get_object(Bucket=self.bucket, Key=item["s3_key"])
+        holding(int(obj["ContentLength"]))  # one request, over the item limit even compressed
+        return obj["Body"].read()
 
     def get_lane_positions(self, batch_id: str, model: str) -> list[int]:
         cached = _lane_positions.get((batch_id, model))

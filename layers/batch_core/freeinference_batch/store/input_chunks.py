@@ -20,6 +20,12 @@ from freeinference_batch.schemas import CheckedRequest
 # stop at 400 KB; the rest of the item and its keys need room too).
 RUN_TARGET_BYTES = 256 * 1024
 ITEM_LIMIT_BYTES = 350 * 1024
+# A body over this is a run of its own. A worker decompresses a whole run to cut one body from
+# it: so a small request never holds a large neighbour's bytes (nor decompresses them again for
+# each small request, a run that big being too big for the chunk cache), and a large request's
+# run is its own, whose size the worker learns from the header before it decompresses the rest
+# (`header`), and takes a memory permit for first (worker/memory.py LARGE_BYTES).
+ALONE_BYTES = 256 * 1024
 _COMPRESSION_LEVEL = 3
 
 
@@ -74,6 +80,12 @@ def pack(requests: Sequence[CheckedRequest]) -> list[PackedRun]:
 
     start, size = 0, 0
     for position, request in enumerate(requests):
+        if len(request.body) > ALONE_BYTES:
+            if start < position:
+                add(start, requests[start:position])
+            add(position, requests[position : position + 1])
+            start, size = position + 1, 0
+            continue
         size += len(request.body) + len(request.custom_id) + 32
         if size >= RUN_TARGET_BYTES:
             add(start, requests[start : position + 1])
@@ -96,6 +108,12 @@ def unpack(data: bytes) -> InputRun:
 
 def unpack_custom_ids(data: bytes) -> list[str]:
     """The run's custom ids, decompressing only as far as the end of the header line."""
+    return [h[0] for h in header(data)]
+
+
+def header(data: bytes) -> list[list]:
+    """The run's header line, `[[custom_id, model, body_length], ...]`, decompressing only as far
+    as its end."""
     inflater = zlib.decompressobj()
     head = bytearray()
     pending = data
@@ -104,6 +122,6 @@ def unpack_custom_ids(data: bytes) -> list[str]:
         pending = inflater.unconsumed_tail
         newline = head.find(b"\n")
         if newline >= 0:
-            return [h[0] for h in json.loads(bytes(head[:newline]))]
+            return json.loads(bytes(head[:newline]))
         if not pending:
             raise ValueError("input run has no header line")

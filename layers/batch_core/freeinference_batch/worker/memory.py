@@ -25,6 +25,7 @@ from types import TracebackType
 
 from freeinference_batch.catalog import MAX_WORKER_BATCH_SIZE
 from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
+from freeinference_batch.store.input_chunks import ALONE_BYTES
 from freeinference_batch.upstream import MAX_RESPONSE_BYTES
 
 MIB = 1024 * 1024
@@ -34,8 +35,9 @@ RECORD_THREADS = MAX_WORKER_BATCH_SIZE
 # The worker's MemorySize in model/template.yaml (tests/integration/test_template.py checks it):
 # what a Worker is sized for when no Lambda context says otherwise.
 FUNCTION_MEMORY_MB = 256
-# A body or a response above this takes a permit.
-LARGE_BYTES = 256 * 1024
+# A body or a response above this takes a permit. A body this large is alone in its input chunk,
+# and the permit is taken before the chunk is read (store/input_chunks.py).
+LARGE_BYTES = ALONE_BYTES
 # Bytes held at the peak per byte of a response, from reading it to storing it (see above).
 HELD_PER_RESPONSE_BYTE = 6.5
 # Python, boto3, Powertools and pydantic loaded, as measured (85 MiB), with room for Lambda's runtime:

@@ -35,6 +35,7 @@ expired lease. Slots are capacity, not counts: a slot a dead worker held expires
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -125,15 +126,18 @@ class Worker:
         metric("RequestsRun")
         # The body and the response are dropped once settled: a large one holds its permit till then.
         with self.large.permit() as permit:
-            body = self._request_body(meta, message.position)
-            permit.hold(len(body))
+            body = self._request_body(meta, message.position, permit.hold)
             outcome = upstream.call(self.settings, body, account_id=meta.account_id,
                                     request_ref=f"{message.batch_id}:{message.position}", holding=permit.hold)
             self._maybe_crash("after upstream call")
             return self.settler.settle(claimed, outcome, deadline, self.now())
 
-    def _request_body(self, meta: BatchRecord, position: int) -> bytes:
-        """The request's body as stored at create: JSON bytes, sent upstream without parsing."""
+    def _request_body(self, meta: BatchRecord, position: int, holding: Callable[[int], None]) -> bytes:
+        """The request's body as stored at create: JSON bytes, sent upstream without parsing.
+        `holding` is told the size of its input chunk before it is read (a large request's chunk
+        holds it alone: store/input_chunks.py), and of the body."""
         starts = meta.chunk_starts
         number = bisect.bisect_right(starts, position) - 1
-        return self.table.get_chunk(meta.id, number).body(position - starts[number])
+        body = self.table.get_chunk(meta.id, number, holding).body(position - starts[number])
+        holding(len(body))
+        return body
