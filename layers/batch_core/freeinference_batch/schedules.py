@@ -9,7 +9,7 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
 from freeinference_batch.store.dynamo import TransactionFailed, transact
-from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import Leases
 from freeinference_batch.store.runs import RunWrites, Tally
 
 # A batch still open this long after its window closed means something is stuck: alarm on it.
@@ -133,21 +133,17 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane
 
 def _stop_chain(writes: RunWrites, meta: BatchRecord, lane: dict, chain: int, runner: str,
                 fence_position: int | None = None) -> bool:
-    """A run died holding the chain but no request: the chain is free again, one running fewer."""
+    """A run died holding the chain but no request: the chain is free again, one running fewer.
+    Its slots are released after the transaction by plain writes, as workers take them: no
+    transaction writes the slots items, so none conflicts with a worker's plain write there
+    (DynamoDB would refuse it with TransactionConflict, which botocore does not retry)."""
     try:
         transact(writes.stop_chain(meta.id, lane["model"], chain, runner, fence_position))
     except TransactionFailed:
         return False
-    _release_slots(writes.settings, meta, lane, runner)
+    Leases(writes.settings).release_held(lane["model"], meta.account_id, runner)
     logger.warning("freed the chain of a run that stopped", extra={"batch_id": meta.id, "chain": chain})
     return True
-
-
-def _release_slots(settings: Settings, meta: BatchRecord, lane: dict, holder: str) -> None:
-    """A dead run's slots, released after the transaction that took its work back, by plain writes
-    as the workers take them: no transaction writes the slots items, so none conflicts with a
-    worker's plain write there (which DynamoDB would refuse, TransactionConflict, unretried)."""
-    Leases(settings).release_all([model_slots_key(lane["model"]), account_slots_key(meta.account_id)], holder)
 
 
 def _send_next(settings: Settings, table: BatchTable, meta: BatchRecord, lane: dict, head: int,
@@ -197,7 +193,7 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: di
         transact([request, *chain])
     except TransactionFailed:
         return False
-    _release_slots(writes.settings, meta, lane, holder)
+    Leases(writes.settings).release_held(lane["model"], meta.account_id, holder)
     done = "failed a request whose every run was interrupted" if interrupted else "took back a stopped run's request"
     logger.warning(done, extra={"batch_id": meta.id, "position": position})
     return True

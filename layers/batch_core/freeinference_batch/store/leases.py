@@ -150,6 +150,10 @@ class Leases:
     def release(self, slots_key: dict, holder: str) -> None:
         aws.dynamodb().update_item(**self.release_element(slots_key, holder)["Update"])
 
+    def release_held(self, model: str, account_id: str, holder: str) -> None:
+        """Give up both slots a chain holds, the model's and its account's (see `release_all`)."""
+        self.release_all([model_slots_key(model), account_slots_key(account_id)], holder)
+
     def release_all(self, slots_keys: list[dict], holder: str) -> None:
         """Give up the holder's slots, one plain write each (a holder is one run's alone, so
         releasing one already released or reaped changes nothing). Never raises: a release that

@@ -20,7 +20,7 @@ from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
-from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import Leases
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, remaining
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
@@ -216,14 +216,15 @@ class Settler:
                                        stop=True)]
         try:
             transact(elements)
+            counted = True
         except TransactionFailed:
             logger.warning("settle lost its claim", extra={"batch_id": message.batch_id, "position": message.position})
+            counted = False
+        self.leases.release_held(message.model, meta.account_id, holder)
+        if not counted:
             # The callers wake waiters only after a leave that counted: these slots are free too.
-            self.leases.release_all([model_slots_key(message.model), account_slots_key(meta.account_id)], holder)
             self.waiting.wake_waiters(message, meta.account_id, now)
-            return False
-        self.leases.release_all([model_slots_key(message.model), account_slots_key(meta.account_id)], holder)
-        return True
+        return counted
 
     def _retry_delay(self, attempts: int, retry_after: float | None) -> float:
         """Exponential backoff with jitter; an upstream Retry-After is a floor."""
