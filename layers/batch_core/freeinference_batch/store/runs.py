@@ -134,17 +134,21 @@ class RunWrites:
         if status == RequestStatus.QUEUED:
             sets.append("lease_until = :lease")
             named["lease"] = lease_until
-            removes = "claim, slot_holder"
+            removes = "slot_holder"
         else:
             sets.append("finished_at = :now")
             named["now"] = int(now)
-            removes = "claim, slot_holder, lease_until"
+            removes = "slot_holder, lease_until"
         if cost_nano:
             sets.append("cost_nano = :cost")
             named["cost"] = cost_nano
+        # The claim stays, so that this very write, re-sent by botocore after its answer was lost,
+        # finds its own earlier success (claim and status as it left them) and writes the same
+        # again, instead of taking it for a lost claim. A later claim replaces the token, and the
+        # sweep's take-back removes it: after either, a late re-send fails as it must.
         return self.table.request_update_element(
             message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}",
-            "#status = :running AND claim = :token", names=names, **named)
+            "claim = :token AND #status IN (:running, :status)", names=names, **named)
 
     def flush(self, batch_id: str, account_id: str, tally: Tally, runner: str | None, now: float,
               lease_until: float, *, stop: bool = False) -> list[dict]:
