@@ -5,7 +5,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NamedTuple, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictStr,
+    model_serializer,
+)
 from typing_extensions import TypedDict
 
 
@@ -151,9 +159,20 @@ class BatchObject(BaseModel):
 
 
 class ResultError(BaseModel):
+    """The spec: a `code` and a `message`, "plus the HTTP `status` behind it when there was one".
+    An error no HTTP answer stands behind (the batch failed or expired first) has no `status` at
+    all, rather than `status: null`."""
+
     code: str
     message: str
     status: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _status_only_when_there_was_one(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("status") is None:
+            data.pop("status", None)
+        return data
 
 
 class ResultResponse(BaseModel):
