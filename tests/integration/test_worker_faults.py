@@ -484,3 +484,35 @@ def test_a_request_that_ran_keeps_its_last_error_when_its_batch_is_cancelled(har
     line = harness.results(batch["id"])[0]
     assert line["status"] == "cancelled"
     assert line["error"]["code"] == "service_unavailable" and line["error"]["status"] == 503
+
+
+# ---------------------------------------------------------------- models a key may no longer use
+
+
+def test_a_model_the_owners_tier_may_no_longer_use_fails_model_not_found_without_an_upstream_call(
+        harness, stub, tmp_path):
+    # Given a catalog where a second tier may batch but may not use glm-5.3-flash, and a batch of
+    # the internal tier on both models
+    catalog = json.loads(load_catalog().model_dump_json())
+    catalog["batch_tiers"] = ["internal", "partner"]
+    catalog["models"][MODEL]["tiers"] = ["internal"]
+    catalog["models"]["qwen3.6-35b"]["tiers"] = ["internal", "partner"]
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(catalog))
+    harness.configure(MODEL_CATALOG_PATH=str(path))
+    stub.answer = json.dumps({"object": "chat.completion", "choices": [], "usage": {}}).encode()
+    batch = harness.create([sample_request("q-1"), sample_request("q-2", model="qwen3.6-35b")])
+    # When the account's tier changes mid-batch
+    accounts.set_account(harness.settings, ACCOUNT, tier="partner")
+    # Then the request on the model the tier may no longer use fails model_not_found, as the spec
+    # words it, without reaching the upstream; the other one runs
+    assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
+    assert stub.received == []
+    assert isinstance(Worker(harness.settings).process(
+        message_for(harness, batch["id"], 1, model="qwen3.6-35b"), NO_RECORD), Done)
+    lines = results_by_id(harness, batch["id"])
+    assert lines["q-1"]["status"] == "failed"
+    assert lines["q-1"]["error"] == {"code": "model_not_found", "message": "Model 'glm-5.3-flash' not found",
+                                     "status": 404}
+    assert lines["q-2"]["status"] == "completed" and len(stub.received) == 1
+    assert harness.batch(batch["id"])["request_counts"] == {"total": 2, "completed": 1, "failed": 1}

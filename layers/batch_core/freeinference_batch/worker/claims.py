@@ -145,7 +145,8 @@ class Claims:
         return Done()
 
     def _fail_unrun(self, message: RequestMessage, meta: BatchRecord, now: float, error: dict) -> Done:
-        """A request that can never run (its model left the catalog) fails without a claim."""
+        """A request that can never run (its model left the catalog, or the owner's tier may no longer
+        use it) fails without a claim."""
         try:
             transact(self.writes.fail_unrun(message, meta, error, now))
         except TransactionFailed:
