@@ -14,7 +14,8 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 
-RESULT_ID = re.compile(r"^batch_req_(\d{1,18})$")
+# Matched whole, in ASCII digits: `\d` would take other scripts' digits, `$` a trailing newline.
+RESULT_ID = re.compile(r"batch_req_([0-9]{1,18})")
 
 
 def result_id(meta: BatchRecord, position: int) -> str:
@@ -22,10 +23,11 @@ def result_id(meta: BatchRecord, position: int) -> str:
 
 
 def position_after(meta: BatchRecord, after: str | None) -> int:
-    """The position to start from: 0, or the one after the result `after` names."""
-    if not after:
+    """The position to start from: 0 without `after`, or the one after the result it names (an
+    empty `after` is refused: it names nothing)."""
+    if after is None:
         return 0
-    match = RESULT_ID.match(after)
+    match = RESULT_ID.fullmatch(after)
     if not match:
         raise BadRequest(f"after must be a result ID such as 'batch_req_42' (got {after[:100]!r})", param="after")
     position = int(match.group(1)) - meta.id_base
