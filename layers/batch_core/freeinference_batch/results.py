@@ -9,7 +9,7 @@ from freeinference_batch import pages, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import owned_meta
 from freeinference_batch.errors import BadRequest
-from freeinference_batch.schemas import Page, RequestStatus
+from freeinference_batch.schemas import Page, RequestStatus, ResultResponse
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
@@ -84,4 +84,5 @@ def _linked(table: BatchTable, state: dict | None, line: dict) -> dict:
     there is always an object to link to; a line that is somehow neither is left as it is."""
     if not state or "response_s3_key" not in state or not line.get("response"):
         return line
-    return {**line, "response": {**line["response"], "body": None, "body_url": table.response_url(state)}}
+    linked = ResultResponse.model_validate({**line["response"], "body": None, "body_url": table.response_url(state)})
+    return {**line, "response": linked.model_dump(mode="json")}
