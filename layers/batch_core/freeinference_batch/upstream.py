@@ -104,8 +104,10 @@ def _refuse_constant(name: str) -> Any:
 
 
 def _completion(response: requests.Response, text: bytes) -> Outcome:
-    """A 200 answer: completed if it is a JSON object, else a failure that is not retried (the
-    model did answer, and would most likely answer the same again), charged for what it served."""
+    """A 200 answer: completed if it is a JSON object. Anything else is not a chat completion but
+    a server error behind the 200 (a proxy's error page, a truncated or corrupted answer), so it is
+    retried like a 5xx and reported `upstream_error` after every retry; the last attempt is charged
+    for the usage it reports, if any (retried attempts are not, as a 5xx is not)."""
     try:
         completion = json.loads(text, parse_constant=_refuse_constant)
         if not isinstance(completion, dict):
@@ -116,7 +118,7 @@ def _completion(response: requests.Response, text: bytes) -> Outcome:
             usage = usage_of(lenient) if isinstance(lenient, dict) else None
         except (ValueError, RecursionError):
             usage = None
-        return Outcome("failed", usage=usage, error={
+        return Outcome("retry", usage=usage, error={
             "code": "upstream_error", "status": 502,
             "message": f"The model's answer is not valid JSON ({str(error)[:200]}); it was not kept"})
     request_id = response.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
@@ -149,8 +151,8 @@ def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str,
                 kind, error = classify(response.status_code, _error_message(response))
                 return Outcome(kind, error=error, retry_after=_retry_after(response))
             return _completion(response, _read_body(response, holding))
-    except _TooLarge:
-        return Outcome("failed", error={"code": "upstream_error", "status": 502,
+    except _TooLarge:  # not a completion a worker can hold: a server error, as above
+        return Outcome("retry", error={"code": "upstream_error", "status": 502,
                                         "message": f"The model's answer is larger than {MAX_RESPONSE_BYTES} bytes; "
                                                    "it was not kept"})
     except requests.Timeout:
