@@ -354,6 +354,7 @@ class LocalStack:
         self.functions: dict[str, FunctionSpec] = {}
         self.pollers: dict[str, Any] = {}
         self.timers: dict[str, Any] = {}
+        self.stream_pollers: dict[str, Any] = {}
         self.started_in: float | None = None
         self._saved_env: dict[str, str | None] = {}
         self._state_written = False
@@ -416,7 +417,7 @@ class LocalStack:
         )
         clients = {
             name: session.client(name, endpoint_url=self.moto_endpoint)
-            for name in ("dynamodb", "sqs", "s3", "secretsmanager")
+            for name in ("dynamodb", "sqs", "s3", "secretsmanager", "dynamodbstreams")
         }
         resources = TemplateResources(template, clients)
         resources.create_all()
@@ -426,6 +427,8 @@ class LocalStack:
         for name, value in template_env.items():
             env[name] = os.environ[name] if name not in from_resources and name in os.environ else value
 
+        # A developer's receiver on this machine may take webhook events over http (off in the template).
+        env["WEBHOOK_ALLOW_LOOPBACK_HTTP"] = os.environ.get("WEBHOOK_ALLOW_LOOPBACK_HTTP", "true")
         if os.environ.get("UPSTREAM_BASE_URL"):
             env["UPSTREAM_BASE_URL"] = os.environ["UPSTREAM_BASE_URL"]
         else:
@@ -456,6 +459,7 @@ class LocalStack:
         for spec in self.functions.values():
             _ = spec.handler  # import every handler now: a broken one fails the start, not a request
         self._start_pollers(resources, clients["sqs"])
+        self._start_stream_pollers(resources, clients)
         self._wake_pollers_on_send()
         self._start_timers()
 
@@ -497,6 +501,16 @@ class LocalStack:
         for operation in ("SendMessage", "SendMessageBatch", "ChangeMessageVisibility"):
             events.register(f"after-call.sqs.{operation}", wake)
 
+        # As Lambda's stream pollers see a change within a second or so: a write of this process
+        # makes the stream pollers look at once.
+        def wake_streams(**_: Any) -> None:
+            for poller in self.stream_pollers.values():
+                poller.wake()
+
+        writes = aws.dynamodb().meta.events
+        for operation in ("PutItem", "UpdateItem", "TransactWriteItems", "BatchWriteItem"):
+            writes.register(f"after-call.dynamodb.{operation}", wake_streams)
+
     def _start_pollers(self, resources: TemplateResources, sqs: Any) -> None:
         from freeinference_batch_local.pollers import QueuePoller
 
@@ -522,6 +536,34 @@ class LocalStack:
                     batch_size=int(properties.get("BatchSize", 10)),
                     max_batching_window=float(properties.get("MaximumBatchingWindowInSeconds") or 0),
                     max_concurrency=int(cap),
+                    report_batch_item_failures="ReportBatchItemFailures"
+                    in (properties.get("FunctionResponseTypes") or ()),
+                    context_factory=spec.context,
+                ).start()
+
+    def _start_stream_pollers(self, resources: TemplateResources, clients: dict[str, Any]) -> None:
+        from freeinference_batch_local.pollers import StreamPoller
+
+        urls_by_arn = {
+            physical["Arn"]: physical["QueueUrl"] for physical in resources.physical.values() if "QueueUrl" in physical
+        }
+        for spec in self.functions.values():
+            for event_name, properties in spec.events("DynamoDB").items():
+                if not _truthy(properties.get("Enabled", True)):
+                    continue
+                on_failure = ((properties.get("DestinationConfig") or {}).get("OnFailure") or {}).get("Destination")
+                name = spec.logical_id if len(spec.events("DynamoDB")) == 1 else f"{spec.logical_id}.{event_name}"
+                self.stream_pollers[name] = StreamPoller(
+                    name=name,
+                    streams=clients["dynamodbstreams"],
+                    sqs=clients["sqs"],
+                    stream_arn=resources.resolve(properties["Stream"]),
+                    handler=spec.handler,
+                    batch_size=int(properties.get("BatchSize", 100)),
+                    max_batching_window=float(properties.get("MaximumBatchingWindowInSeconds") or 0),
+                    filters=(properties.get("FilterCriteria") or {}).get("Filters"),
+                    max_retries=int(properties.get("MaximumRetryAttempts", -1)),
+                    on_failure_queue_url=urls_by_arn.get(resources.resolve(on_failure)) if on_failure else None,
                     report_batch_item_failures="ReportBatchItemFailures"
                     in (properties.get("FunctionResponseTypes") or ()),
                     context_factory=spec.context,
@@ -573,12 +615,13 @@ class LocalStack:
             with _logged("API server"):
                 self.api.stop()
             self.api = None
-        for component in [*self.timers.values(), *self.pollers.values()]:
+        components = [*self.timers.values(), *self.pollers.values(), *self.stream_pollers.values()]
+        for component in components:
             component.pause()
-        for component in [*self.timers.values(), *self.pollers.values()]:
+        for component in components:
             with _logged(f"{component.name}"):
                 component.stop(timeout=5)
-        self.timers, self.pollers = {}, {}
+        self.timers, self.pollers, self.stream_pollers = {}, {}, {}
         if self.upstream is not None:
             with _logged("upstream simulator"):
                 self.upstream.stop()
@@ -613,6 +656,7 @@ class LocalStack:
         return {
             "pollers": {name: poller.stats() for name, poller in self.pollers.items()},
             "timers": {name: timer.stats() for name, timer in self.timers.items()},
+            "stream_pollers": {name: poller.stats() for name, poller in self.stream_pollers.items()},
             "moto_requests": app.requests if app is not None else None,
         }
 

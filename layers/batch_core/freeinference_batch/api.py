@@ -1,4 +1,4 @@
-"""The HTTP API: routes of the six endpoints on a Powertools resolver.
+"""The HTTP API: the batch routes and the webhook-endpoint routes on a Powertools resolver.
 
 Each route authenticates, calls one domain function and shapes the answer; `ApiError`s become
 OpenAI-style error bodies with their status.
@@ -15,7 +15,7 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from botocore.exceptions import BotoCoreError, ClientError
 
-from freeinference_batch import accounts, aws, batches, results
+from freeinference_batch import accounts, aws, batches, results, webhooks
 from freeinference_batch.errors import ApiError, NotFound, ServiceUnavailable
 from freeinference_batch.observability import logger
 from freeinference_batch.settings import get_settings
@@ -93,6 +93,57 @@ def delete_batch(batch_id: str) -> Response:
     answer = batches.delete_batch(get_settings(), principal, batch_id)
     logger.info("batch deleted", extra={"batch_id": batch_id})
     return _json(200, answer)
+
+
+# ---- webhook endpoints (OpenAI's paths, so the openai package's client.webhooks works) -----
+
+
+@app.post("/v1/webhook_endpoints")
+def create_webhook_endpoint() -> Response:
+    principal = _principal()
+    endpoint = webhooks.create_endpoint(get_settings(), principal, _raw_body())
+    logger.info("webhook endpoint created", extra={"endpoint_id": endpoint["id"], "account_id": principal.account_id})
+    return _json(200, endpoint)
+
+
+@app.get("/v1/webhook_endpoints")
+def list_webhook_endpoints() -> Response:
+    principal = _principal()
+    limit = batches.parse_limit(_query("limit"), default=20, maximum=100)
+    return _json(200, webhooks.list_endpoints(get_settings(), principal, limit, _query("after")))
+
+
+@app.get("/v1/webhook_endpoints/<endpoint_id>")
+def get_webhook_endpoint(endpoint_id: str) -> Response:
+    return _json(200, webhooks.get_endpoint(get_settings(), _principal(), endpoint_id))
+
+
+@app.post("/v1/webhook_endpoints/<endpoint_id>")
+def update_webhook_endpoint(endpoint_id: str) -> Response:
+    return _json(200, webhooks.update_endpoint(get_settings(), _principal(), endpoint_id, _raw_body()))
+
+
+@app.delete("/v1/webhook_endpoints/<endpoint_id>")
+def delete_webhook_endpoint(endpoint_id: str) -> Response:
+    answer = webhooks.delete_endpoint(get_settings(), _principal(), endpoint_id)
+    logger.info("webhook endpoint deleted", extra={"endpoint_id": endpoint_id})
+    return _json(200, answer)
+
+
+@app.post("/v1/webhook_endpoints/<endpoint_id>/rotate_secret")
+def rotate_webhook_secret(endpoint_id: str) -> Response:
+    return _json(200, webhooks.rotate_secret(get_settings(), _principal(), endpoint_id, _raw_body()))
+
+
+@app.post("/v1/webhook_endpoints/<endpoint_id>/test")
+def test_webhook_endpoint(endpoint_id: str) -> Response:
+    return _json(200, webhooks.test_endpoint(get_settings(), _principal(), endpoint_id, _raw_body()))
+
+
+@app.get("/v1/webhook_event_types")
+def list_webhook_event_types() -> Response:
+    _principal()
+    return _json(200, webhooks.event_types())
 
 
 @app.exception_handler(ApiError)

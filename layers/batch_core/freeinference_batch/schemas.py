@@ -219,6 +219,121 @@ class DeletedBatch(BaseModel):
     deleted: Literal[True] = True
 
 
+# ---- webhooks (OpenAI's webhook-endpoint API: the `openai` package's client.webhooks) ----------
+
+
+class WebhookEventType(StrEnum):
+    """The events a webhook endpoint may subscribe to: one per final batch status."""
+
+    BATCH_COMPLETED = "batch.completed"
+    BATCH_FAILED = "batch.failed"
+    BATCH_EXPIRED = "batch.expired"
+    BATCH_CANCELLED = "batch.cancelled"
+
+
+class WebhookEndpoint(BaseModel):
+    """A webhook endpoint as every answer but create and rotate_secret shows it: never the secret."""
+
+    id: str
+    object: Literal["webhook_endpoint"] = "webhook_endpoint"
+    url: str
+    name: str
+    event_types: list[WebhookEventType]
+    created_at: int
+    updated_at: int
+    signing_secret_hint: str
+
+
+class WebhookEndpointWithSecret(WebhookEndpoint):
+    """Create's and rotate_secret's answer: the only times the signing secret is shown."""
+
+    signing_secret: str
+
+
+class WebhookEndpointList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[WebhookEndpoint]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class DeletedWebhookEndpoint(BaseModel):
+    id: str
+    object: Literal["webhook_endpoint.deleted"] = "webhook_endpoint.deleted"
+    deleted: Literal[True] = True
+
+
+class WebhookEndpointTestResult(BaseModel):
+    object: Literal["webhook_endpoint.test"] = "webhook_endpoint.test"
+    webhook_endpoint_id: str
+    event_type: WebhookEventType
+    status_code: int
+    # OpenAI's: always true in an answer; a delivery that got no HTTP answer at all is a 400.
+    success: Literal[True] = True
+
+
+class WebhookEventTypeList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[WebhookEventType]
+
+
+class WebhookCreateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: StrictStr
+    name: StrictStr = Field(min_length=1, max_length=256)
+    event_types: list[StrictStr] = Field(min_length=1)
+
+
+class WebhookUpdateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: StrictStr | None = None
+    name: StrictStr | None = Field(None, min_length=1, max_length=256)
+    event_types: list[StrictStr] | None = Field(None, min_length=1)
+
+
+class WebhookRotateSecretBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keep_old_secret_active_for_24_hours: StrictBool = False
+
+
+class WebhookTestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    event_type: StrictStr
+
+
+class WebhookEventData(BaseModel):
+    id: str
+
+
+class WebhookEvent(BaseModel):
+    """The body of a delivery, OpenAI's event shape: the event names the batch, nothing more (so a
+    batch deleted before its event is delivered is still told of, and nothing of it leaks)."""
+
+    id: str
+    object: Literal["event"] = "event"
+    type: WebhookEventType
+    created_at: int
+    data: WebhookEventData
+
+
+class BatchStatusChange(BaseModel):
+    """The `detail` of an EventBridge "Batch Status Change" event."""
+
+    batch_id: str
+    account_id: str
+    status: VisibleBatchStatus
+    previous_status: VisibleBatchStatus
+    request_counts: RequestCounts
+    cost_usd: float
+    created_at: int
+    metadata: dict[str, str] | None
+
+
 # ---- internal -----------------------------------------------------------------------------
 
 
@@ -234,3 +349,19 @@ class RequestMessage(BaseModel):
     key_hash: str = ""
     # Set on a fresh copy of a message that waited long (see worker/runner.py): when the wait began.
     waiting_since: float | None = None
+
+
+class WebhookDeliveryMessage(BaseModel):
+    """An SQS message of the webhook delivery queue: one event for one endpoint. Every attempt of
+    it is signed with the same `event_id` (the `webhook-id`), so receivers can de-duplicate."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event_id: str
+    event_type: WebhookEventType
+    batch_id: str
+    endpoint_id: str
+    account_id: str
+    created_at: int
+    # When the event was first queued: it is retried until this + the retry window.
+    queued_at: float

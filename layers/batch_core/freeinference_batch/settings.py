@@ -61,6 +61,28 @@ class Settings(BaseSettings):
     upstream_api_key_secret: str = Field("", alias="UPSTREAM_API_KEY_SECRET")
     upstream_api_key_max_age_seconds: int = Field(300, alias="UPSTREAM_API_KEY_MAX_AGE_SECONDS", ge=0)
 
+    # Webhooks (webhooks.py, webhook_delivery.py) and status events (status_events.py).
+    # The key every endpoint's signing secret is derived from (webhook_signing.py): the name or ARN
+    # of a Secrets Manager secret deployed; WEBHOOK_SIGNING_KEY in plain text for tests only.
+    webhook_signing_key_secret: str = Field("", alias="WEBHOOK_SIGNING_KEY_SECRET")
+    webhook_signing_key: str = Field("", alias="WEBHOOK_SIGNING_KEY")
+    webhook_signing_key_max_age_seconds: int = Field(300, alias="WEBHOOK_SIGNING_KEY_MAX_AGE_SECONDS", ge=0)
+    webhook_delivery_queue_url: str = Field("", alias="WEBHOOK_DELIVERY_QUEUE_URL")
+    webhook_dead_letter_queue_url: str = Field("", alias="WEBHOOK_DEAD_LETTER_QUEUE_URL")
+    # The local stack only: http:// and https:// to the literal hosts 127.0.0.1, ::1 and localhost
+    # (a developer's own receiver). Off in the template: deployed, a URL must be https to a public address.
+    webhook_allow_loopback_http: bool = Field(False, alias="WEBHOOK_ALLOW_LOOPBACK_HTTP")
+    webhook_max_endpoints: int = Field(5, alias="WEBHOOK_MAX_ENDPOINTS", ge=1)
+    # One attempt's timeout (connect, and each read), and how long an event is retried in all
+    # before it goes to the dead-letter queue; the wait before attempt n is about
+    # min(base * 2^(n-1), max), jittered.
+    webhook_timeout_seconds: float = Field(10.0, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
+    webhook_retry_window_seconds: float = Field(86400.0, alias="WEBHOOK_RETRY_WINDOW_SECONDS", gt=0)
+    webhook_retry_base_seconds: float = Field(30.0, alias="WEBHOOK_RETRY_BASE_SECONDS", ge=0)
+    webhook_retry_max_seconds: float = Field(3600.0, alias="WEBHOOK_RETRY_MAX_SECONDS", ge=0)
+    # The EventBridge bus every batch status change is put on.
+    event_bus_name: str = Field("default", alias="EVENT_BUS_NAME")
+
     # Resources (the template passes these to every function; the local stack sets them too).
     batch_table_name: str = Field("freeinference-batch", alias="BATCH_TABLE_NAME")
     accounts_table_name: str = Field("freeinference-accounts", alias="ACCOUNTS_TABLE_NAME")

@@ -1,0 +1,41 @@
+"""Webhook delivery function: an SQS batch of deliveries -> partial batch response.
+
+The records are delivered concurrently, one thread each, so that an endpoint that hangs for its
+whole timeout does not hold up the other records' endpoints. A record "fails" (stays on the
+queue) when it waits for its next attempt: its visibility was already set to when.
+"""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from aws_lambda_powertools.utilities.batch import (
+    AsyncBatchProcessor,
+    EventType,
+    async_process_partial_response,
+)
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from freeinference_batch import webhook_delivery
+from freeinference_batch.observability import logger, metrics, tracer
+from freeinference_batch.settings import get_settings
+
+
+class DeliveryWaits(Exception):
+    """Not an error: the delivery waits on the queue for its next attempt."""
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context(log_event=False)
+@tracer.capture_lambda_handler(capture_response=False)
+def lambda_handler(event: dict, context: LambdaContext) -> dict:
+    processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+    with ThreadPoolExecutor(max_workers=max(1, len(event.get("Records", [])))) as executor:
+
+        async def handle_record(record: SQSRecord) -> None:
+            done = await asyncio.get_running_loop().run_in_executor(
+                executor, webhook_delivery.handle_record, get_settings(), record.raw_event)
+            if not done:
+                raise DeliveryWaits(record.message_id)
+
+        return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
+                                              context=context)

@@ -1,0 +1,112 @@
+"""What a batch's status changes tell the world: EventBridge events and webhook deliveries.
+
+They are read from the batch table's DynamoDB stream (NEW_AND_OLD_IMAGES, the mapping filtered
+to `META` items), not written by the code that changes a status: a status changes in several
+places (the first claim's transaction in store/runs.py, lifecycle.py, cancel and delete in
+batches.py, expiry in schedules.py), one of them inside the worker's hottest transaction, and
+an outbox item there would be a write per run. The stream costs no write at all, holds every
+change that committed (a function that dies after its commit still notifies), keeps a record
+24 hours, and Lambda retries a record until it succeeds: at least once. A record read twice
+gives the same webhook events (their id derives from the batch and the status, which a batch
+reaches once) and an EventBridge event with the same detail.
+
+A change is a record whose old and new images differ in `status`; only visible statuses are
+told of (a batch becoming `deleted` is not a status change a user sees: its final one was).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from freeinference_batch import aws, clock, views
+from freeinference_batch.schemas import (
+    FINAL_STATUSES,
+    BatchStatus,
+    BatchStatusChange,
+    WebhookDeliveryMessage,
+    WebhookEventType,
+)
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.batch_record import BatchRecord
+from freeinference_batch.store.dynamo import from_item
+from freeinference_batch.store.webhook_endpoints import WebhookEndpoints
+
+EVENT_SOURCE = "freeinference.batch"
+DETAIL_TYPE = "Batch Status Change"
+TOLD = frozenset({BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, *FINAL_STATUSES})
+
+
+def status_change(record: dict[str, Any]) -> tuple[BatchStatusChange, BatchRecord] | None:
+    """The change a stream record shows, with the new record; None if it shows none to tell."""
+    images = record.get("dynamodb") or {}
+    old, new = images.get("OldImage"), images.get("NewImage")
+    if not old or not new or new.get("sk", {}).get("S") != "META":
+        return None
+    before, after = from_item(old), from_item(new)
+    assert before is not None and after is not None
+    if before.get("status") == after.get("status") or after.get("status") not in TOLD:
+        return None
+    if before.get("status") not in TOLD and before.get("status") != BatchStatus.VALIDATING:
+        return None  # from a stored-only status (creating): not a change a user saw
+    meta = BatchRecord.model_validate(after)
+    change = BatchStatusChange(
+        batch_id=meta.id, account_id=meta.account_id, status=meta.status, previous_status=before["status"],
+        request_counts=views.request_counts(meta), cost_usd=views.batch_object(meta)["cost_usd"],
+        created_at=meta.created_at, metadata=meta.metadata,
+    )
+    return change, meta
+
+
+def event_id(batch_id: str, event_type: str) -> str:
+    """The same for every reading of the same change: a batch reaches a final status once."""
+    return "evt_" + hashlib.sha256(f"{batch_id}:{event_type}".encode()).hexdigest()[:32]
+
+
+def put_event(settings: Settings, change: BatchStatusChange) -> None:
+    answer = aws.events().put_events(Entries=[{
+        "Source": EVENT_SOURCE, "DetailType": DETAIL_TYPE, "Detail": change.model_dump_json(),
+        "EventBusName": settings.event_bus_name, "Resources": [],
+    }])
+    if answer.get("FailedEntryCount"):
+        raise RuntimeError(f"PutEvents refused the event: {answer.get('Entries')}")
+
+
+def queue_deliveries(settings: Settings, change: BatchStatusChange, meta: BatchRecord) -> int:
+    """One delivery message per endpoint of the owner subscribed to this final status."""
+    if change.status not in FINAL_STATUSES:
+        return 0
+    event_type = WebhookEventType(f"batch.{change.status}")
+    finished_at = getattr(meta, f"{change.status}_at", None) or meta.finished_at or meta.created_at
+    now = clock.now(settings.clock_offset_file)
+    messages = [
+        WebhookDeliveryMessage(event_id=event_id(meta.id, event_type), event_type=event_type, batch_id=meta.id,
+                               endpoint_id=endpoint.id, account_id=meta.account_id, created_at=int(finished_at),
+                               queued_at=now).model_dump_json()
+        for endpoint in WebhookEndpoints(settings).list(meta.account_id) if event_type in endpoint.event_types
+    ]
+    for start in range(0, len(messages), 10):
+        chunk = messages[start:start + 10]
+        answer = aws.sqs().send_message_batch(QueueUrl=settings.webhook_delivery_queue_url, Entries=[
+            {"Id": str(index), "MessageBody": body} for index, body in enumerate(chunk)])
+        if answer.get("Failed"):
+            raise RuntimeError(f"SendMessageBatch refused deliveries: {answer['Failed']}")
+    return len(messages)
+
+
+def handle_record(settings: Settings, record: dict[str, Any]) -> dict[str, Any] | None:
+    """Tell one stream record's change: deliveries queued and the EventBridge event put. Raises
+    (and the record is retried) if either failed."""
+    found = status_change(record)
+    if found is None:
+        return None
+    change, meta = found
+    deliveries = queue_deliveries(settings, change, meta)
+    put_event(settings, change)
+    return {"batch_id": change.batch_id, "status": change.status, "deliveries": deliveries}
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A record's key, for logs (never its images: they hold users' metadata)."""
+    return json.dumps((record.get("dynamodb") or {}).get("Keys"), sort_keys=True)

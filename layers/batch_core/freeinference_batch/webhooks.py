@@ -1,0 +1,212 @@
+"""Webhook endpoints: OpenAI's webhook-endpoint API, so that the `openai` package's
+`client.webhooks` manages ours unchanged (create, retrieve, update, list, delete,
+rotate_secret, test, event_types.list).
+
+Accounts that may create batches manage endpoints (others get create's 403), at most
+`WEBHOOK_MAX_ENDPOINTS` each; another account's endpoint is a 404, as with batches. The URL
+rules are webhook_urls.py's, the secret webhook_signing.py's, the deliveries webhook_delivery.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from freeinference_batch import clock, webhook_delivery, webhook_signing, webhook_urls
+from freeinference_batch.accounts import Principal
+from freeinference_batch.catalog import load_catalog
+from freeinference_batch.errors import BadRequest, Forbidden, NotFound
+from freeinference_batch.schemas import (
+    DeletedWebhookEndpoint,
+    WebhookCreateBody,
+    WebhookEndpoint,
+    WebhookEndpointList,
+    WebhookEndpointTestResult,
+    WebhookEndpointWithSecret,
+    WebhookEventType,
+    WebhookEventTypeList,
+    WebhookRotateSecretBody,
+    WebhookTestBody,
+    WebhookUpdateBody,
+)
+from freeinference_batch.settings import Settings
+from freeinference_batch.store.webhook_endpoints import EndpointRecord, TooManyEndpoints, WebhookEndpoints
+
+Model = TypeVar("Model", bound=BaseModel)
+
+ENDPOINT_ID = re.compile(r"we_[0-9a-f]{32}")
+EVENT_TYPES = [member.value for member in WebhookEventType]
+# rotate_secret's keep_old_secret_active_for_24_hours.
+OLD_SECRET_OVERLAP_SECONDS = 24 * 3600
+# The batch id a test delivery names: no batch has it.
+TEST_BATCH_ID = "batch_test"
+
+
+def new_endpoint_id(now: float) -> str:
+    """`we_` + the creation time in microseconds (14 hex digits) + 18 random hex digits: listed
+    in creation order by id alone."""
+    return f"we_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
+
+
+def _may_manage(settings: Settings, principal: Principal) -> None:
+    if not load_catalog(settings.model_catalog_path).tier_may_batch(principal.tier):
+        raise Forbidden("Batch inference is available to internal accounts only; "
+                        f"this key's account tier is {principal.tier!r}")
+
+
+def _body(raw: bytes, model: type[Model]) -> Model:
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise BadRequest(f"The body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("The body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise BadRequest(f"Invalid body: {where}: {first['msg']}", param=where) from None
+
+
+def _event_types(given: list[str]) -> list[str]:
+    unknown = [name for name in given if name not in EVENT_TYPES]
+    if unknown:
+        raise BadRequest(f"Unsupported event types: {', '.join(unknown)}; this service sends "
+                         f"{', '.join(EVENT_TYPES)}", param="event_types")
+    return list(dict.fromkeys(given))
+
+
+def _checked_url(settings: Settings, url: str, resolver: webhook_urls.Resolver) -> str:
+    try:
+        webhook_urls.check_url(url, allow_loopback_http=settings.webhook_allow_loopback_http, resolver=resolver)
+    except webhook_urls.UrlRefused as refused:
+        raise BadRequest(f"The webhook URL is refused: {refused}", param="url") from None
+    return url
+
+
+def _view(record: EndpointRecord) -> dict:
+    return WebhookEndpoint(id=record.id, url=record.url, name=record.name,
+                           event_types=[WebhookEventType(t) for t in record.event_types], created_at=record.created_at,
+                           updated_at=record.updated_at, signing_secret_hint=record.secret_hint).model_dump(mode="json")
+
+
+def _with_secret(record: EndpointRecord, secret: str) -> dict:
+    return WebhookEndpointWithSecret(**_view(record), signing_secret=secret).model_dump(mode="json")
+
+
+def _owned(settings: Settings, principal: Principal, endpoint_id: str) -> EndpointRecord:
+    _may_manage(settings, principal)
+    record = None
+    if ENDPOINT_ID.fullmatch(endpoint_id):
+        record = WebhookEndpoints(settings).get(principal.account_id, endpoint_id)
+    if record is None or record.deleted_at is not None:
+        raise NotFound(f"No webhook endpoint found with id '{endpoint_id}'")
+    return record
+
+
+def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
+                    resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> dict:
+    _may_manage(settings, principal)
+    body = _body(raw, WebhookCreateBody)
+    event_types = _event_types(body.event_types)
+    url = _checked_url(settings, body.url, resolver)
+    now = clock.now(settings.clock_offset_file)
+    endpoint_id, nonce = new_endpoint_id(now), webhook_signing.new_nonce()
+    secret = webhook_signing.derive_secret(webhook_signing.signing_key(settings), endpoint_id, nonce)
+    record = EndpointRecord(id=endpoint_id, account_id=principal.account_id, url=url, name=body.name,
+                            event_types=event_types, created_at=int(now), updated_at=int(now), secret_nonce=nonce,
+                            secret_hint=webhook_signing.secret_hint(secret), write_token=secrets.token_hex(8))
+    try:
+        WebhookEndpoints(settings).create(record, settings.webhook_max_endpoints)
+    except TooManyEndpoints:
+        raise BadRequest(f"An account may have at most {settings.webhook_max_endpoints} webhook endpoints; "
+                         "delete one before adding another", code="too_many_webhook_endpoints") from None
+    return _with_secret(record, secret)
+
+
+def list_endpoints(settings: Settings, principal: Principal, limit: int, after: str | None) -> dict:
+    _may_manage(settings, principal)
+    if after is not None and not ENDPOINT_ID.fullmatch(after):
+        raise BadRequest(f"after must be a webhook endpoint id such as a page's last_id (got '{after}')",
+                         param="after")
+    records = WebhookEndpoints(settings).list(principal.account_id)
+    if after is not None:
+        records = [r for r in records if r.id > after]
+    page = records[:limit]
+    return WebhookEndpointList(data=[WebhookEndpoint.model_validate(_view(r)) for r in page],
+                               first_id=page[0].id if page else None, last_id=page[-1].id if page else None,
+                               has_more=len(records) > limit).model_dump(mode="json")
+
+
+def get_endpoint(settings: Settings, principal: Principal, endpoint_id: str) -> dict:
+    return _view(_owned(settings, principal, endpoint_id))
+
+
+def update_endpoint(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes,
+                    resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> dict:
+    record = _owned(settings, principal, endpoint_id)
+    body = _body(raw, WebhookUpdateBody)
+    fields: dict[str, object] = {}
+    if body.url is not None:
+        fields["url"] = _checked_url(settings, body.url, resolver)
+    if body.name is not None:
+        fields["name"] = body.name
+    if body.event_types is not None:
+        fields["event_types"] = _event_types(body.event_types)
+    if not fields:
+        return _view(record)
+    updated = WebhookEndpoints(settings).update(principal.account_id, endpoint_id, fields,
+                                                int(clock.now(settings.clock_offset_file)))
+    if updated is None:
+        raise NotFound(f"No webhook endpoint found with id '{endpoint_id}'")
+    return _view(updated)
+
+
+def delete_endpoint(settings: Settings, principal: Principal, endpoint_id: str) -> dict:
+    _owned(settings, principal, endpoint_id)
+    deleted = WebhookEndpoints(settings).delete(principal.account_id, endpoint_id, secrets.token_hex(8),
+                                                int(clock.now(settings.clock_offset_file)))
+    if not deleted:
+        raise NotFound(f"No webhook endpoint found with id '{endpoint_id}'")
+    return DeletedWebhookEndpoint(id=endpoint_id).model_dump(mode="json")
+
+
+def rotate_secret(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes) -> dict:
+    record = _owned(settings, principal, endpoint_id)
+    body = _body(raw, WebhookRotateSecretBody)
+    now = clock.now(settings.clock_offset_file)
+    nonce = webhook_signing.new_nonce()
+    secret = webhook_signing.derive_secret(webhook_signing.signing_key(settings), endpoint_id, nonce)
+    until = now + OLD_SECRET_OVERLAP_SECONDS if body.keep_old_secret_active_for_24_hours else None
+    rotated = WebhookEndpoints(settings).rotate(principal.account_id, endpoint_id, record.secret_nonce, nonce,
+                                                webhook_signing.secret_hint(secret), until, int(now))
+    if rotated is None:
+        raise NotFound(f"No webhook endpoint found with id '{endpoint_id}'")
+    return _with_secret(rotated, secret)
+
+
+def test_endpoint(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes,
+                  resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> dict:
+    """Send one signed test event now and answer the receiver's status code. A delivery that got
+    no HTTP answer (a refused connection, no answer within the timeout, a URL refused now) is a
+    400 saying which: OpenAI's test result has no place for "no status"."""
+    record = _owned(settings, principal, endpoint_id)
+    body = _body(raw, WebhookTestBody)
+    event_type = _event_types([body.event_type])[0]
+    now = int(clock.now(settings.clock_offset_file))
+    event_id = "evt_test_" + secrets.token_hex(12)
+    answer = webhook_delivery.attempt(settings, record, event_id,
+                                      webhook_delivery.event_body(event_id, event_type, TEST_BATCH_ID, now), resolver)
+    if answer.status is None:
+        raise BadRequest(f"The test delivery got no answer: {answer.failure}", code="webhook_test_failed")
+    return WebhookEndpointTestResult(webhook_endpoint_id=endpoint_id, event_type=WebhookEventType(event_type),
+                                     status_code=answer.status).model_dump(mode="json")
+
+
+def event_types() -> dict:
+    return WebhookEventTypeList(data=[WebhookEventType(t) for t in EVENT_TYPES]).model_dump(mode="json")
