@@ -680,7 +680,8 @@ class StreamPoller:
 
     def _give_up(self, batch: list[dict[str, Any]]) -> None:
         self._count("given_up", len(batch))
-        log.error("%s: %d stream record(s) failed every retry; sent to the OnFailure destination", self.name, len(batch))
+        log.error("%s: %d stream record(s) failed every retry; sent to the OnFailure destination",
+                  self.name, len(batch))
         if self.on_failure_queue_url:
             self.sqs.send_message(QueueUrl=self.on_failure_queue_url, MessageBody=json.dumps({
                 "requestContext": {"condition": "RetryAttemptsExhausted", "functionArn": self.name},

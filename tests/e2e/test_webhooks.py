@@ -15,7 +15,6 @@ from typing import Any
 import boto3
 import openai
 import pytest
-
 from conftest import SHORT_TIMINGS, Api, StackProcess, launch_stack, wait_for
 
 # Short enough to see retries and a give-up within a test; the rest as deployed.
@@ -38,7 +37,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with receiver._lock:
                     receiver.received.append({"headers": dict(self.headers), "body": body, "at": time.monotonic()})
@@ -73,7 +72,7 @@ def hooks_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProce
         yield stack
     finally:
         stack.stop()
-        print(stack.stderr_text()[-20000:])  # shown when a test fails
+        print(stack.stderr_text()[-20000:])  # pytest shows it when a test fails
 
 
 @pytest.fixture
@@ -95,8 +94,8 @@ def aws_client(stack: StackProcess, service: str) -> Any:
 
 
 def one_request_batch(api: Api, n: int = 1) -> dict:
-    items = [{"custom_id": f"r-{i}", "body": {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "hi"}]}}
-             for i in range(n)]
+    body = {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "hi"}]}
+    items = [{"custom_id": f"r-{i}", "body": body} for i in range(n)]
     answer = api.create_batch(items)
     assert answer.status_code == 200, answer.text
     return answer.json()
@@ -205,7 +204,7 @@ def test_endpoint_rules_refusals_limits_and_other_accounts(hooks_stack, receiver
         client.webhooks.create(url="https://10.0.0.1/hook", name="x", event_types=["batch.completed"])
     with pytest.raises(openai.BadRequestError, match="https"):
         client.webhooks.create(url="http://example.com/hook", name="x", event_types=["batch.completed"])
-    with pytest.raises(openai.BadRequestError, match="Unsupported event types: response.completed"):
+    with pytest.raises(openai.BadRequestError, match=r"Unsupported event types: response\.completed"):
         client.webhooks.create(url="http://127.0.0.1:9/h", name="x", event_types=["response.completed"])
     receiver = Receiver()
     receivers.append(receiver)

@@ -112,7 +112,8 @@ def check_url(url: str, *, allow_loopback_http: bool, resolver: Resolver = syste
             continue
         kind = _not_public(address)
         if kind is not None:
-            raise UrlRefused(f"its host {host} resolves to {address}, a {kind} address")
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise UrlRefused(f"its host {host} resolves to {address}, {article} {kind} address")
     # IPv4 first: Lambda functions outside a VPC have no IPv6 egress.
     address = str(sorted(addresses, key=lambda a: a.version)[0])
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

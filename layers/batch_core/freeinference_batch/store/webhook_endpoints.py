@@ -2,7 +2,9 @@
 
 | pk | sk | holds |
 |---|---|---|
-| `ACCOUNT#<id>` | `WEBHOOK#<endpoint id>` | url, name, event types, the secret's nonce (never the secret: webhook_signing.py), the previous nonce and until when it still signs, `unreachable_until`; `deleted_at` and `ttl` once deleted |
+| `ACCOUNT#<id>` | `WEBHOOK#<endpoint id>` | url, name, event types, the secret's nonce (never the |
+|  |  | secret: webhook_signing.py), the previous nonce and until when it still signs, |
+|  |  | `unreachable_until`; `deleted_at` and `ttl` once deleted |
 | `ACCOUNT#<id>` | `WEBHOOKS` | `count`: the account's endpoints not deleted (at most `WEBHOOK_MAX_ENDPOINTS`) |
 
 A delete marks the item (and TTL removes it two days later) instead of deleting it: the roles
