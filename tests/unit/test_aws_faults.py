@@ -9,6 +9,7 @@ draws on every run.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 import uuid
@@ -68,8 +69,8 @@ def table(endpoint: str, *, index: bool = False) -> str:
     }
     if index:
         request["AttributeDefinitions"].append({"AttributeName": "g", "AttributeType": "S"})
-        request["GlobalSecondaryIndexes"] = [{"IndexName": "g-index", "KeySchema": [{"AttributeName": "g", "KeyType": "HASH"}],
-                                              "Projection": {"ProjectionType": "ALL"}}]
+        request["GlobalSecondaryIndexes"] = [{"IndexName": "g-index", "Projection": {"ProjectionType": "ALL"},
+                                              "KeySchema": [{"AttributeName": "g", "KeyType": "HASH"}]}]
     client("dynamodb", endpoint, marked=False).create_table(**request)
     return name
 
@@ -106,7 +107,7 @@ def error_code(call: Callable[[], Any]) -> str | None:
     ("s3.error=0.1", "soon", "LOCAL_AWS_FAULTS_SEED='soon' is not an integer"),
 ])
 def test_a_bad_configuration_is_refused_naming_what_is_wrong(text, seed, says):
-    with pytest.raises(FaultConfigError, match=says.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(FaultConfigError, match=re.escape(says)):
         parse_faults(text, seed)
 
 
@@ -122,7 +123,7 @@ def test_the_local_stack_refuses_to_start_on_a_bad_configuration(tmp_path):
     from freeinference_batch_local.stack import LocalStack
 
     stack = LocalStack(env={"LOCAL_AWS_FAULTS": "dynamodb.oops=1"}, state_dir=tmp_path, write_state_file=False)
-    with pytest.raises(FaultConfigError, match="unknown fault 'dynamodb.oops'"):
+    with pytest.raises(FaultConfigError, match=re.escape("unknown fault 'dynamodb.oops'")):
         stack.start()
     assert stack.moto is None  # refused before anything started
 
