@@ -2,7 +2,8 @@
 all at once, and still every request ends once with exact counts and cost.
 
 - 30% of the requests fail their first attempt with 503 (`[sim:fail=503*1]`);
-- BATCH_FAULT_DUPLICATE_RATE=0.2: a fifth of the messages the service sends are sent twice;
+- LOCAL_AWS_FAULTS=sqs.duplicate=0.2: SQS delivers a fifth of the messages the workers receive
+  twice (the same MessageId, another receipt handle), as its at-least-once delivery may;
 - BATCH_FAULT_CRASH_RATE=0.05: at each of the worker's crash points (after the claim, after the
   upstream call, after the settle) 5% of runs die as a killed Lambda would: no cleanup, the
   message is not deleted; short leases let the sweep take such requests back quickly.
@@ -78,7 +79,8 @@ def test_faults_duplicates_and_crashes_leave_every_request_final_with_exact_coun
         tmp_path,
         UPSTREAM_BASE_URL=sim.base_url,
         MODEL_CATALOG_PATH=str(tmp_path / "catalog.json"),
-        BATCH_FAULT_DUPLICATE_RATE="0.2",
+        LOCAL_AWS_FAULTS="sqs.duplicate=0.2",
+        LOCAL_AWS_FAULTS_SEED="1",
         BATCH_FAULT_CRASH_RATE="0.05",
         BATCH_LEASE_SECONDS="2",
         BATCH_DISPATCH_LEASE_SECONDS="3",
@@ -134,6 +136,8 @@ def test_faults_duplicates_and_crashes_leave_every_request_final_with_exact_coun
     tried = [sim.attempts_by_request.get(f"{batch_id}:{p}", 0) for p in range(REQUESTS)]
     assert all(n >= (2 if _faulty(p) else 1) for p, n in enumerate(tried)), tried
     assert sum(tried) >= REQUESTS + sum(map(_faulty, range(REQUESTS)))
+    # and SQS delivered messages twice
+    assert json.loads(stack.admin("faults").stdout)["sqs.duplicate"] > 0
     # And the account's usage for the day grew by exactly that (the only batch on this stack)
     assert _usage_nano(stack, "dev", clock.utc_day(final["completed_at"])) == cost_nano
     # And it stays so: late duplicates and the sweep change nothing afterwards
