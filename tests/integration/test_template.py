@@ -45,6 +45,7 @@ API_ROUTES = {
 # Environment variables the functions read that are not `Settings` fields.
 NON_SETTINGS_ENV = {
     "AWS_ENDPOINT_URL",  # read by boto3 itself
+    "AWS_SDK_UA_APP_ID",  # read by botocore itself: the local stack's mark on the service's calls
     "WORKER_MODEL",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",

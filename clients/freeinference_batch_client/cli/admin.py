@@ -1,4 +1,4 @@
-"""`freeinference-batch admin ...`: API keys, accounts and model load.
+"""`freeinference-batch admin ...`: API keys, accounts and model load; the local stack's fault counts.
 
 Which deployment the commands act on is decided in one place, `resolve_target`:
 1. `--stack-name NAME` (or FREEINFERENCE_STACK_NAME): the deployed CloudFormation stack's
@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -251,3 +253,29 @@ def preflight_command(ctx: click.Context, template_path: str) -> None:
         click.echo(f"{'ok  ' if finding.ok else 'FAIL'} {finding.message}")
     if not all(finding.ok for finding in findings):
         raise SystemExit(1)
+
+
+@admin.command("faults")
+@click.pass_context
+def faults_command(ctx: click.Context) -> None:
+    """Print, as one JSON object, how many AWS faults of each name the local stack running here
+    has injected (LOCAL_AWS_FAULTS; names not turned on count 0)."""
+    from freeinference_batch_local.aws_faults import FAULTS_PATH
+
+    if ctx.obj.get("stack_name"):
+        raise click.ClickException("Only the local stack injects AWS faults; a deployed stack has none to count")
+    state_file = Path.cwd() / LOCAL_STATE_PATH
+    if not state_file.is_file():
+        raise click.ClickException(
+            f"No local stack here ({LOCAL_STATE_PATH} not found): run this from where `freeinference-batch dev` runs"
+        )
+    endpoint = _local_stack_env(state_file).get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        raise click.ClickException(f"{state_file} names no moto server (AWS_ENDPOINT_URL)")
+    try:
+        with urllib.request.urlopen(endpoint.rstrip("/") + FAULTS_PATH, timeout=30) as answer:
+            counts = json.loads(answer.read())
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise click.ClickException(f"Cannot read the fault counts from the local stack's moto server {endpoint}: "
+                                   f"{error}") from error
+    click.echo(json.dumps(counts))

@@ -46,9 +46,9 @@ class Settings(BaseSettings):
     batch_page_budget_bytes: int = Field(5_000_000, alias="BATCH_PAGE_BUDGET_BYTES", ge=100_000, le=6_000_000)
 
     # Fault injection for the chaos tests and demos (never set in production): the share of
-    # worker steps that die as if the Lambda were killed, and of messages sent twice.
+    # worker steps that die as if the Lambda were killed. (AWS's own failures, duplicated
+    # deliveries among them, are the local stack's LOCAL_AWS_FAULTS.)
     batch_fault_crash_rate: float = Field(0.0, alias="BATCH_FAULT_CRASH_RATE", ge=0, le=1)
-    batch_fault_duplicate_rate: float = Field(0.0, alias="BATCH_FAULT_DUPLICATE_RATE", ge=0, le=1)
 
     # Upstream OpenAI-compatible API: the base URL ends in /v1 (as OpenAI's SDKs take it); the
     # workers call <base>/chat/completions.
