@@ -117,9 +117,11 @@ class RunWrites:
         ]
 
     def settle(self, message: RequestMessage, token: str, now: float, *, status: str, error: dict | None = None,
-               stored: dict | None = None, cost_nano: int = 0, lease_until: float | None = None) -> dict:
+               stored: dict | None = None, cost_nano: int = 0, lease_until: float | None = None,
+               give_back_attempt: bool = False) -> dict:
         """The request's own update when its run ends: final (completed or failed), or queued again
-        for a retry at `lease_until`; conditional on the run's claim."""
+        for a retry at `lease_until`; conditional on the run's claim. `give_back_attempt`: the run
+        does not count as an attempt (its claim added one)."""
         names = {"#status": "status"}
         named: dict[str, Any] = {"status": status, "token": token, "running": RequestStatus.RUNNING}
         sets = ["#status = :status"]
@@ -142,8 +144,12 @@ class RunWrites:
         if cost_nano:
             sets.append("cost_nano = :cost")
             named["cost"] = cost_nano
+        adds = ""
+        if give_back_attempt:
+            adds = " ADD attempts :minus_one"
+            named["minus_one"] = -1
         return self.table.request_update_element(
-            message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}",
+            message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}{adds}",
             "#status = :running AND claim = :token", names=names, **named)
 
     def flush(self, batch_id: str, account_id: str, tally: Tally, runner: str | None, now: float,
