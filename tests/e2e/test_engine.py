@@ -13,6 +13,7 @@ server, found through the stack's state file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -339,7 +340,7 @@ def test_revoking_the_key_mid_batch_fails_the_batch(engine, sim):
         lambda: _running_snapshot(api, batch["id"]), timeout=20, interval=0.1, message="a running request"
     )
     # When the creating key is revoked while some requests run
-    engine.admin("revoke-key", creator)
+    engine.admin("revoke-key", "--hash", hashlib.sha256(creator.encode()).hexdigest())
     # Then calls with it are refused, and the batch fails once its running requests finish
     assert api.get(f"/batches/{batch['id']}").status_code == 401
     final = wait_for(
