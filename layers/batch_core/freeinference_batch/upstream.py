@@ -15,6 +15,7 @@ import urllib3
 
 from freeinference_batch import aws
 from freeinference_batch.call_budget import CallBudget
+from freeinference_batch.observability import logger
 from freeinference_batch.settings import Settings
 
 _local = threading.local()
@@ -38,6 +39,8 @@ class Outcome:
     # Tokens the upstream reports having served, (prompt, completion), for an answer we cannot
     # keep: charged once all the same, as the model did the work.
     usage: tuple[int, int] | None = None
+    # A metric to emit for an answer that is the service's fault (its alarm pages the on-call).
+    alert: str | None = None
 
 
 class _TooLarge(Exception):
@@ -58,24 +61,41 @@ def _session() -> requests.Session:
     return session
 
 
+# The upstream refused the service's own credential: our fault, never the user's request's.
+CREDENTIAL_REJECTED_METRIC = "UpstreamCredentialRejected"
+# What users read for a server-side failure: the upstream's own text (stack traces, hostnames,
+# its view of our credential) goes to our logs only.
+_SERVER_MESSAGES = {
+    401: "The model's server could not serve the request (a fault on FreeInference's side, not in your request)",
+    503: "No provider could serve the request (HTTP 503)",
+    504: "The model's server timed out (HTTP 504)",
+}
+
+
 def classify(status: int, message: str) -> tuple[Kind, dict]:
-    """The spec's error codes: timeouts, 429 and 5xx are retried; any other 4xx fails at once."""
+    """The spec's error codes: timeouts, 429 and 5xx are retried; any other 4xx fails at once.
+    A 401 means the upstream refused our service credential (users' keys never go upstream): a
+    service fault, retried like a 5xx and reported `upstream_error`. The text users see of a
+    401 or a 5xx is ours, not the upstream's (`call` logs the upstream's)."""
     if status in (400, 422):
         return "failed", {"code": "invalid_request", "message": message, "status": status}
     if status == 404:
         return "failed", {"code": "model_not_found", "message": message, "status": status}
-    if status in (401, 403):
+    if status == 401:
+        return "retry", {"code": "upstream_error", "message": _SERVER_MESSAGES[401], "status": 502}
+    if status == 403:
         return "failed", {"code": "forbidden", "message": message, "status": status}
     if status == 408:
         return "retry", {"code": "timeout", "message": message, "status": status}
     if status == 429:
         return "retry", {"code": "rate_limited", "message": message, "status": status}
     if status == 504:
-        return "retry", {"code": "timeout", "message": message, "status": status}
+        return "retry", {"code": "timeout", "message": _SERVER_MESSAGES[504], "status": status}
     if status == 503:
-        return "retry", {"code": "service_unavailable", "message": message, "status": status}
+        return "retry", {"code": "service_unavailable", "message": _SERVER_MESSAGES[503], "status": status}
     if status >= 500:
-        return "retry", {"code": "upstream_error", "message": message, "status": status}
+        return "retry", {"code": "upstream_error", "message": f"The model's server failed (HTTP {status})",
+                         "status": status}
     return "failed", {"code": "invalid_request", "message": message, "status": status}
 
 
@@ -165,8 +185,17 @@ def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str,
     try:
         with _session().post(url, data=body, headers=headers, timeout=timeout, stream=True) as response:
             if response.status_code != 200:
-                kind, error = classify(response.status_code, _error_message(response))
-                return Outcome(kind, error=error, retry_after=_retry_after(response))
+                text = _error_message(response)
+                kind, error = classify(response.status_code, text)
+                alert = None
+                if response.status_code == 401:
+                    alert = CREDENTIAL_REJECTED_METRIC
+                    logger.error("the upstream refused the service credential", extra={
+                        "request_ref": request_ref, "status": 401, "upstream_message": text})
+                elif response.status_code >= 500:
+                    logger.warning("the upstream answered a server error", extra={
+                        "request_ref": request_ref, "status": response.status_code, "upstream_message": text})
+                return Outcome(kind, error=error, retry_after=_retry_after(response), alert=alert)
             try:
                 text = _read_body(response, holding, until)
             except requests.ConnectionError as error:

@@ -145,6 +145,8 @@ class Worker:
                 outcome = upstream.call(self.settings, body, account_id=meta.account_id,
                                         request_ref=f"{message.batch_id}:{message.position}", holding=permit.hold,
                                         budget=budget)
+            if outcome.alert:
+                metric(outcome.alert)
             self._maybe_crash("after upstream call")
             return self.settler.settle(claimed, outcome, invocation, self.now())
 
