@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import boto3
 from freeinference_batch import accounts
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
 
 SAMPLE_KEY = "hyi-sample-key"
 SAMPLE_BATCH = "batch_0123456789abcdef0123456789abcdef"
+SAMPLE_ENDPOINT = "we_0123456789abcdef0123456789abcdef"
 
 
 def event(name: str) -> dict:
@@ -22,7 +28,9 @@ def invoke_api(name: str, query: dict | None = None, **path: str) -> tuple[int, 
         sample["rawQueryString"] = "&".join(f"{k}={v}" for k, v in query.items())
     if path:
         sample["pathParameters"] = path
-        sample["rawPath"] = sample["rawPath"].replace(SAMPLE_BATCH, path["batch_id"])
+        for name, sample_id in (("batch_id", SAMPLE_BATCH), ("endpoint_id", SAMPLE_ENDPOINT)):
+            if name in path:
+                sample["rawPath"] = sample["rawPath"].replace(sample_id, path[name])
         sample["requestContext"]["http"]["path"] = sample["rawPath"]
     answer = load_handler("api")(sample, LambdaContext("api", 1769, 29))
     return answer["statusCode"], json.loads(answer["body"])
@@ -67,4 +75,94 @@ def test_api_sample_event_of_an_unknown_batch_reads_as_not_found(harness):
 
 def test_worker_sample_event_for_a_batch_that_does_not_exist_is_dropped(harness):
     answer = load_handler("worker")(event("worker-sqs"), LambdaContext("worker", 512, 150))
+    assert answer == {"batchItemFailures": []}
+
+
+@contextmanager
+def receiver() -> Iterator[tuple[str, list[dict]]]:
+    """A webhook receiver on loopback answering 204: its URL and the deliveries it got."""
+    got: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            got.append({"headers": dict(self.headers), "body": json.loads(body)})
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/webhook", got
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_webhook_sample_events_drive_an_endpoint_through_every_route(harness):
+    # The local stack's setting (the samples' receiver is on loopback); off in the template
+    harness.configure(WEBHOOK_ALLOW_LOOPBACK_HTTP="true")
+    accounts.create_key(harness.settings, "sample-account", tier="internal", key=SAMPLE_KEY)
+
+    status, created = invoke_api("api-create-webhook-endpoint")
+    assert status == 200, created
+    assert created["object"] == "webhook_endpoint" and created["signing_secret"].startswith("whsec_")
+    endpoint_id = created["id"]
+
+    status, fetched = invoke_api("api-get-webhook-endpoint", endpoint_id=endpoint_id)
+    assert status == 200 and fetched["url"] == "http://127.0.0.1:8000/webhook" and "signing_secret" not in fetched
+    status, listed = invoke_api("api-list-webhook-endpoints")
+    assert status == 200 and [e["id"] for e in listed["data"]] == [endpoint_id]
+    status, updated = invoke_api("api-update-webhook-endpoint", endpoint_id=endpoint_id)
+    assert status == 200 and updated["event_types"] == ["batch.completed"]
+    status, rotated = invoke_api("api-rotate-webhook-secret", endpoint_id=endpoint_id)
+    assert status == 200 and rotated["signing_secret"] not in (created["signing_secret"], None)
+    status, types = invoke_api("api-list-webhook-event-types")
+    assert status == 200 and "batch.completed" in types["data"]
+
+    # The test route's sample, to a receiver that answers (the sample's port 8000 may be anyone's)
+    with receiver() as (url, got):
+        status, _ = harness.call("POST", f"/v1/webhook_endpoints/{endpoint_id}", {"url": url}, key=SAMPLE_KEY)
+        assert status == 200
+        status, tested = invoke_api("api-test-webhook-endpoint", endpoint_id=endpoint_id)
+    assert status == 200 and tested["status_code"] == 204, tested
+    assert [d["body"]["type"] for d in got] == ["batch.completed"]
+
+    status, deleted = invoke_api("api-delete-webhook-endpoint", endpoint_id=endpoint_id)
+    assert status == 200 and deleted == {"id": endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
+    status, gone = invoke_api("api-get-webhook-endpoint", endpoint_id=endpoint_id)
+    assert status == 404 and endpoint_id in gone["error"]["message"]
+
+
+def test_status_events_sample_tells_the_change_and_queues_a_delivery(harness):
+    # The sample is the stream record of account "sample"'s batch becoming completed
+    harness.configure(WEBHOOK_ALLOW_LOOPBACK_HTTP="true")
+    accounts.create_key(harness.settings, "sample", tier="internal", key=SAMPLE_KEY)
+    status, endpoint = invoke_api("api-create-webhook-endpoint")
+    assert status == 200
+    events_client, sqs = boto3.client("events"), boto3.client("sqs")
+    watch = sqs.create_queue(QueueName="watch-status-changes")["QueueUrl"]
+    watch_arn = sqs.get_queue_attributes(QueueUrl=watch, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    events_client.put_rule(Name="watch", EventPattern=json.dumps({"source": ["freeinference.batch"]}))
+    events_client.put_targets(Rule="watch", Targets=[{"Id": "q", "Arn": watch_arn}])
+
+    answer = load_handler("status_events")(event("status_events-dynamodb-stream"),
+                                           LambdaContext("status_events", 256, 60))
+
+    assert answer == {"batchItemFailures": []}
+    (delivery,) = sqs.receive_message(QueueUrl=harness.settings.webhook_delivery_queue_url,
+                                      MaxNumberOfMessages=10)["Messages"]
+    queued = json.loads(delivery["Body"])
+    assert (queued["batch_id"], queued["endpoint_id"], queued["event_type"]) == (
+        SAMPLE_BATCH, endpoint["id"], "batch.completed")
+    (told,) = sqs.receive_message(QueueUrl=watch, MaxNumberOfMessages=10)["Messages"]
+    detail = json.loads(told["Body"])["detail"]
+    assert (detail["status"], detail["previous_status"]) == ("completed", "in_progress")
+
+
+def test_webhook_delivery_sample_for_an_endpoint_that_does_not_exist_is_dropped(harness):
+    answer = load_handler("webhook_delivery")(event("webhook_delivery-sqs"), LambdaContext("webhook_delivery", 256, 60))
     assert answer == {"batchItemFailures": []}

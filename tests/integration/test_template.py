@@ -41,6 +41,15 @@ API_ROUTES = {
     ("GET", "/v1/batches/{batch_id}/results"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
     ("DELETE", "/v1/batches/{batch_id}"),
+    # OpenAI's webhook-endpoint API (webhooks.py), so the openai package's client.webhooks works.
+    ("POST", "/v1/webhook_endpoints"),
+    ("GET", "/v1/webhook_endpoints"),
+    ("GET", "/v1/webhook_endpoints/{endpoint_id}"),
+    ("POST", "/v1/webhook_endpoints/{endpoint_id}"),
+    ("DELETE", "/v1/webhook_endpoints/{endpoint_id}"),
+    ("POST", "/v1/webhook_endpoints/{endpoint_id}/rotate_secret"),
+    ("POST", "/v1/webhook_endpoints/{endpoint_id}/test"),
+    ("GET", "/v1/webhook_event_types"),
 }
 # Environment variables the functions read that are not `Settings` fields.
 NON_SETTINGS_ENV = {
@@ -69,6 +78,23 @@ def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _events_of_type(properties: dict[str, Any], event_type: str) -> list[dict[str, Any]]:
     return [e["Properties"] for e in properties.get("Events", {}).values() if e["Type"] == event_type]
+
+
+def _workers(functions: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The models' workers: the functions that run one model's queue (WORKER_MODEL). Other
+    SQS-triggered functions (the webhook deliveries) are not workers."""
+    return {logical_id: properties for logical_id, properties in functions.items()
+            if "WORKER_MODEL" in (properties.get("Environment") or {}).get("Variables", {})}
+
+
+def _on_failure_destinations(functions: dict[str, dict[str, Any]]) -> set[str]:
+    """Queues a stream mapping sends the records it gave up on to (DestinationConfig.OnFailure)."""
+    return {
+        _getatt_resource(event["DestinationConfig"]["OnFailure"]["Destination"])
+        for properties in functions.values()
+        for event in _events_of_type(properties, "DynamoDB")
+        if "OnFailure" in (event.get("DestinationConfig") or {})
+    }
 
 
 def _getatt_resource(value: Any) -> str:
@@ -329,7 +355,7 @@ def test_every_handler_file_exists(functions: dict[str, dict[str, Any]]) -> None
         assert handler in defined, f"{logical_id}: {source.relative_to(REPO)} defines no {handler}"
 
 
-def test_api_has_the_six_routes(functions: dict[str, dict[str, Any]]) -> None:
+def test_api_has_its_routes(functions: dict[str, dict[str, Any]]) -> None:
     routes = {
         (event["Method"].upper(), event["Path"])
         for properties in functions.values()
@@ -339,14 +365,20 @@ def test_api_has_the_six_routes(functions: dict[str, dict[str, Any]]) -> None:
     assert routes == API_ROUTES
 
 
-def test_every_queue_has_a_dead_letter_queue(template: dict[str, Any]) -> None:
+def test_every_queue_has_a_dead_letter_queue(template: dict[str, Any],
+                                             functions: dict[str, dict[str, Any]]) -> None:
     queues = resources_of_type(template, "AWS::SQS::Queue")
     dead_letter = {
         _getatt_resource(q["Properties"]["RedrivePolicy"]["deadLetterTargetArn"])
         for q in queues.values()
         if "RedrivePolicy" in q.get("Properties", {})
     }
-    work_queues = set(queues) - dead_letter
+    # A stream mapping's OnFailure queue is a dead-letter queue too: nothing consumes it, an
+    # operator reads it (README runbook), so it needs none of its own.
+    on_failure = _on_failure_destinations(functions)
+    assert on_failure <= set(queues), on_failure - set(queues)
+    assert not on_failure & dead_letter
+    work_queues = set(queues) - dead_letter - on_failure
     assert work_queues, "no work queues"
     max_attempts = template["Parameters"]["MaxAttempts"]["MaxValue"]
     for logical_id in work_queues:
@@ -384,7 +416,7 @@ def test_each_model_has_its_own_queue_and_worker(
     prefix = names.resolve(template["Globals"]["Function"]["Environment"]["Variables"]["MODEL_QUEUE_URL_PREFIX"])
     settings = Settings(MODEL_QUEUE_URL_PREFIX=prefix)  # type: ignore[call-arg]
     worker_queue = {}
-    for logical_id, properties in functions.items():
+    for logical_id, properties in _workers(functions).items():
         for event in _events_of_type(properties, "SQS"):
             model = properties["Environment"]["Variables"]["WORKER_MODEL"]
             assert model not in worker_queue, f"two workers for {model}"
@@ -434,7 +466,8 @@ def test_a_worker_has_the_environment_every_function_has(
     # A nested stack has its own Globals: model/template.yaml repeats the root's environment,
     # and must keep repeating it as it is (plus what only a worker has).
     global_env = template["Globals"]["Function"]["Environment"]["Variables"]
-    for logical_id, properties in functions.items():
+    assert _workers(functions)
+    for logical_id, properties in _workers(functions).items():
         if _events_of_type(properties, "SQS"):
             own = properties["Environment"]["Variables"]
             assert {k: v for k, v in own.items() if k not in ("WORKER_MODEL", "UPSTREAM_API_KEY_SECRET")} == global_env
@@ -592,7 +625,7 @@ def test_the_upstream_timeout_fits_the_worker_invocation(template: dict[str, Any
     parameter = template["Parameters"]["UpstreamTimeoutSeconds"]
     defaults = Settings()  # type: ignore[call-arg]
     assert parameter["Default"] == defaults.batch_upstream_timeout_seconds == 600
-    workers = {i: p for i, p in functions.items() if _events_of_type(p, "SQS")}
+    workers = _workers(functions)
     assert workers
     for logical_id, properties in workers.items():
         assert parameter["MaxValue"] == properties["Timeout"] - 2 * defaults.batch_settle_seconds, logical_id
