@@ -2,10 +2,12 @@
 
 A scenario runs every function's handler on moto (batches created, run with retries, waits for
 slots, a body and an answer too big for an item, results read, a batch cancelled, one deleted,
-one expired, then swept and purged) while a hook on botocore records each AWS call as the IAM
-action it needs and the resource it touches, keyed by the function whose handler made it. The
-template must grant every recorded (action, resource) to that function, and every grant must be
-used in the scenario or be listed below with the reason it is there.
+one expired, then swept and purged; webhook endpoints managed through every route, the batch
+table's stream told, deliveries retried, given up and delivered) while a hook on botocore
+records each AWS call as the IAM action it needs and the resource it touches, keyed by the
+function whose handler made it. The template must grant every recorded (action, resource) to
+that function, and every grant must be used in the scenario or be listed below with the reason
+it is there.
 """
 
 from __future__ import annotations
@@ -16,16 +18,20 @@ import fnmatch
 import json
 import random
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts, aws, upstream
 from freeinference_batch.store import batch_table
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext, load_handler
+from freeinference_batch_local.pollers import failed_message_ids, sqs_record, stream_record
 from freeinference_batch_local.stack import TemplateResources
 from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
@@ -37,13 +43,18 @@ PACKAGE = REPO / "layers" / "batch_core" / "freeinference_batch"
 MODELS = sorted(json.loads((PACKAGE / "models.json").read_text())["models"])
 
 # Grants the scenario does not exercise, each with why the code needs it: (function, action, resource).
-UNEXERCISED: dict[tuple[str, str, str], str] = {}
+UNEXERCISED: dict[tuple[str, str, str], str] = {
+    ("StatusEventsFunction", "sqs:SendMessage", "StatusEventsDeadLetterQueue"):
+        "the stream mapping's OnFailure destination, which Lambda writes with the function's role (no code of ours)",
+}
 
 
 def _worker_queues(template: dict[str, Any]) -> dict[str, str]:
-    """Worker function logical id -> the queue its SQS event reads."""
+    """Worker function logical id -> the queue its SQS event reads: the models' workers
+    (WORKER_MODEL), not the other SQS-triggered functions (the webhook deliveries)."""
     return {i: e["Properties"]["Queue"]["Fn::GetAtt"][0]
             for i in resources_of_type(template, "AWS::Serverless::Function")
+            if "WORKER_MODEL" in (function_properties(template, i).get("Environment") or {}).get("Variables", {})
             for e in function_properties(template, i).get("Events", {}).values() if e["Type"] == "SQS"}
 
 
@@ -75,6 +86,7 @@ ACTIONS = {
     ("sqs", "DeleteMessage"): "sqs:DeleteMessage",
     ("secretsmanager", "GetSecretValue"): "secretsmanager:GetSecretValue",
     ("s3", "DeleteObjects"): "s3:DeleteObject",
+    ("events", "PutEvents"): "events:PutEvents",
 }
 # TransactWriteItems is authorized item by item (DynamoDB's "IAM with transactions").
 TRANSACT_ACTIONS = {"Put": "dynamodb:PutItem", "Update": "dynamodb:UpdateItem", "Delete": "dynamodb:DeleteItem",
@@ -88,6 +100,8 @@ class Recorder:
         self.logical_ids = list(template["Resources"])
         # Queues the template names itself (`QueueName: !Sub "${StackName}-..."`), as the local stack does.
         self.named = {name: i for i, name in queue_names(template).items()}
+        # And secrets the template names (`Name: !Sub "${AWS::StackName}-webhook-signing-key"`).
+        self.named.update({name: i for i, name in secret_names(template).items()})
         self.function: str | None = None
         self.calls: set[tuple[str, str, str]] = set()
         # (function, action, resource, condition key, value): the leading key (pk) of each item a
@@ -167,6 +181,9 @@ class Recorder:
             yield action, self.logical(params["QueueUrl"])
         elif service == "secretsmanager":
             yield action, self.logical(params["SecretId"])
+        elif service == "events":
+            for entry in params["Entries"]:
+                yield action, f"event-bus/{entry.get('EventBusName') or 'default'}"
 
 
 # ---------------------------------------------------------------- what the template grants
@@ -180,7 +197,15 @@ def queue_names(template: dict[str, Any]) -> dict[str, str]:
             if r.get("Type") == "AWS::SQS::Queue" and "QueueName" in (r.get("Properties") or {})}
 
 
+def secret_names(template: dict[str, Any]) -> dict[str, str]:
+    """Secret logical id -> the name the template gives it, as the local stack resolves it."""
+    resolver = TemplateResources(template, clients={})
+    return {i: resolver.resolve(r["Properties"]["Name"]) for i, r in template["Resources"].items()
+            if r.get("Type") == "AWS::SecretsManager::Secret" and "Name" in (r.get("Properties") or {})}
+
+
 _QUEUE_ARN = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:"
+_EVENT_BUS_ARN = "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:event-bus/"
 
 
 def _resources(value: Any, template: dict[str, Any]) -> list[str]:
@@ -201,6 +226,11 @@ def _resources(value: Any, template: dict[str, Any]) -> list[str]:
             matched = [i for i, name in queue_names(template).items() if fnmatch.fnmatchcase(name, pattern)]
             assert matched, f"{text} matches no queue of the template"
             return matched
+        if text.startswith(_EVENT_BUS_ARN):
+            # A bus named by a parameter: the bus of its default, which the scenario's functions use.
+            bus = re.fullmatch(r"\$\{(\w+)\}", text.removeprefix(_EVENT_BUS_ARN))
+            assert bus, f"an event bus must be named by a parameter: {text}"
+            return [f"event-bus/{template['Parameters'][bus.group(1)]['Default']}"]
         match = re.fullmatch(r"\$\{([\w/]+)\.Arn\}(/.*)?", text)
         assert match, f"cannot read resource {value!r}"
         return [match.group(1) + (match.group(2) or "")]
@@ -289,6 +319,18 @@ def recorder(harness, monkeypatch) -> Recorder:
         return pump_once(queue_url)
 
     harness.pump_once = pump
+    rec.stream_handlers = {  # type: ignore[attr-defined]
+        i: as_function(load_handler(Path(p["CodeUri"]).name, p["Handler"].partition(".")[2]), lambda i=i: i)
+        for i, p in functions.items()
+        if any(e["Type"] == "DynamoDB" for e in p.get("Events", {}).values())
+    }
+    rec.delivery_handlers = {  # type: ignore[attr-defined]  # SQS-triggered functions that are not workers
+        event["Properties"]["Queue"]["Fn::GetAtt"][0]: as_function(
+            load_handler(Path(p["CodeUri"]).name, p["Handler"].partition(".")[2]), lambda i=i: i)
+        for i, p in functions.items()
+        if "WORKER_MODEL" not in p["Environment"]["Variables"]
+        for event in p.get("Events", {}).values() if event["Type"] == "SQS"
+    }
     rec.schedules = {  # type: ignore[attr-defined]
         p["Handler"].partition(".")[2]: as_function(load_handler("schedules", p["Handler"].partition(".")[2]),
                                                     lambda i=i: i)
@@ -301,6 +343,124 @@ def big_answer(letter: str) -> upstream.Outcome:
     body = {"object": "chat.completion", "choices": [{"message": {"content": letter * 400_000}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
     return upstream.Outcome("completed", response={"status_code": 200, "request_id": "r", "body": body})
+
+
+class Receiver:
+    """A webhook receiver on loopback: answers 500 while `failing`, else 204."""
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.got: list[str] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["content-length"]))
+                receiver.got.append(self.headers["webhook-id"])
+                self.send_response(500 if receiver.failing else 204)
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def manage_webhook_endpoints(harness, receiver: Receiver) -> tuple[str, str]:
+    """Every webhook route once: an endpoint to the receiver and one to a port nobody listens on."""
+    harness.configure(WEBHOOK_ALLOW_LOOPBACK_HTTP="true", WEBHOOK_RETRY_BASE_SECONDS=0,
+                      # every call reads the signing key, so each function's read is seen
+                      WEBHOOK_SIGNING_KEY_MAX_AGE_SECONDS=0)
+    every = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+    status, live = harness.call("POST", "/v1/webhook_endpoints", {"url": receiver.url, "name": "live",
+                                                                  "event_types": every})
+    assert status == 200, live
+    closed = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    dead_url = f"http://127.0.0.1:{closed.server_port}/hook"
+    closed.server_close()  # refused connections from now on
+    status, dead = harness.call("POST", "/v1/webhook_endpoints", {"url": dead_url, "name": "dead",
+                                                                  "event_types": every})
+    assert status == 200, dead
+    for method, path, body in (("GET", "/v1/webhook_endpoints", None),
+                               ("GET", f"/v1/webhook_endpoints/{live['id']}", None),
+                               ("POST", f"/v1/webhook_endpoints/{live['id']}", {"name": "live (renamed)"}),
+                               ("POST", f"/v1/webhook_endpoints/{live['id']}/rotate_secret",
+                                {"keep_old_secret_active_for_24_hours": True}),
+                               ("POST", f"/v1/webhook_endpoints/{live['id']}/test", {"event_type": "batch.completed"}),
+                               ("GET", "/v1/webhook_event_types", None)):
+        status, answer = harness.call(method, path, body)
+        assert status == 200, (path, answer)
+    return live["id"], dead["id"]
+
+
+def tell_status_changes(recorder: Recorder) -> None:
+    """The batch table's stream, as its mapping gives it to the status-events function: MODIFY
+    records of META items (the mapping's filter), in batches of 100."""
+    # The regional endpoint: botocore derives an account-based one from a stream ARN, which
+    # moto's in-process mock does not serve (the test's own client: the mapping's reads, not the function's)
+    streams = boto3.client("dynamodbstreams", endpoint_url="https://streams.dynamodb.us-east-1.amazonaws.com")
+    table = aws.dynamodb().describe_table(TableName=f"{LOCAL_STACK_NAME}-BatchTable")["Table"]
+    stream_arn = table["LatestStreamArn"]
+    records = []
+    for shard in streams.describe_stream(StreamArn=stream_arn)["StreamDescription"]["Shards"]:
+        iterator = streams.get_shard_iterator(StreamArn=stream_arn, ShardId=shard["ShardId"],
+                                              ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        while iterator:
+            page = streams.get_records(ShardIterator=iterator, Limit=1000)
+            records += page["Records"]
+            iterator = page.get("NextShardIterator") if page["Records"] else None
+    told = [stream_record(r, stream_arn) for r in records
+            if r["eventName"] == "MODIFY" and r["dynamodb"]["Keys"]["sk"]["S"] == "META"]
+    assert told
+    (handler,) = recorder.stream_handlers.values()  # type: ignore[attr-defined]
+    for start in range(0, len(told), 100):
+        answer = handler({"Records": told[start:start + 100]}, LambdaContext("status_events", 256, 60))
+        assert answer == {"batchItemFailures": []}
+
+
+def pump_deliveries(harness, recorder: Recorder) -> int:
+    """One receive of the delivery queue given to its function, as its mapping would."""
+    ((queue, handler),) = recorder.delivery_handlers.items()  # type: ignore[attr-defined]
+    url, sqs = aws.sqs().get_queue_url(QueueName=queue_names(load_template(TEMPLATE))[queue])["QueueUrl"], aws.sqs()
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"]).get("Messages", [])
+    if messages:
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        records = [sqs_record(m, arn) for m in messages]
+        answer = handler({"Records": records}, LambdaContext("webhook_delivery", 256, 60))
+        keep = failed_message_ids(answer, [r["messageId"] for r in records]) or set()
+        for message, record in zip(messages, records, strict=True):
+            if record["messageId"] not in keep:
+                sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    return len(messages)
+
+
+def deliver_webhooks(harness, recorder: Recorder, receiver: Receiver, live: str) -> None:
+    # First attempts: the receiver answers 500 and the dead endpoint refuses, both retried (their
+    # visibility set; the dead one marked unreachable)
+    receiver.failing = True
+    while pump_deliveries(harness, recorder):
+        pass
+    assert receiver.got
+    # Then the receiver answers, and the dead endpoint's retry window is over: given up
+    receiver.failing = False
+    harness.configure(WEBHOOK_RETRY_WINDOW_SECONDS=1)
+    harness.advance_clock(5)
+    harness.run_until(lambda: not pump_deliveries(harness, recorder) and not _in_flight(harness, recorder))
+    status, _ = harness.call("DELETE", f"/v1/webhook_endpoints/{live}")
+    assert status == 200
+
+
+def _in_flight(harness, recorder: Recorder) -> int:
+    ((queue, _),) = recorder.delivery_handlers.items()  # type: ignore[attr-defined]
+    url = aws.sqs().get_queue_url(QueueName=queue_names(load_template(TEMPLATE))[queue])["QueueUrl"]
+    attributes = aws.sqs().get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
 class WorkerDied(BaseException):
@@ -325,6 +485,8 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     # An account with two concurrent requests: chains of both models wait for its slots and
     # wake each other (across queues).
     accounts.set_account(harness.settings, "acct-1", concurrency=2)
+    receiver = Receiver()
+    live, _ = manage_webhook_endpoints(harness, receiver)
     # A body too big for an item, whatever the compression (random text).
     big_body = base64.b64encode(random.Random(7).randbytes(450_000)).decode()
 
@@ -380,6 +542,13 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     harness.advance_clock(harness.settings.batch_retention_seconds + 60)
     recorder.schedules["purge_handler"]({}, context)
 
+    # Every status change above, told; each final one delivered to the two endpoints
+    tell_status_changes(recorder)
+    try:
+        deliver_webhooks(harness, recorder, receiver, live)
+    finally:
+        receiver.close()
+
 
 # Operations in the package that no function makes: (service, operation) -> who makes them.
 NOT_BY_FUNCTIONS = {
@@ -411,9 +580,7 @@ def needs_by_function(recorder: Recorder, template: dict[str, Any]) -> dict[str,
     """What each function must be allowed. The workers run the same code, so what one was seen
     to need every worker needs: on its own queue what a worker did on its own, on every model's
     queue what a worker did on another's (waking another model's waiting chain)."""
-    functions = {i: function_properties(template, i) for i in resources_of_type(template, "AWS::Serverless::Function")}
-    own_queue = {i: e["Properties"]["Queue"]["Fn::GetAtt"][0] for i, p in functions.items()
-                 for e in p.get("Events", {}).values() if e["Type"] == "SQS"}
+    own_queue = _worker_queues(template)
     needs: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for function, action, resource in recorder.calls:
         needs[function].add((action, resource))
@@ -463,7 +630,8 @@ def test_no_function_may_scan_or_delete_items_one_by_one() -> None:
 
 def test_no_statement_lists_every_models_queue() -> None:
     # A new model must need no IAM change: what reaches every model's queue does so by the
-    # stack's name pattern; a queue named in a statement is a worker's own.
+    # stack's name pattern; a model's queue named in a statement is a worker's own (the root
+    # stack's own queues, the webhook deliveries' and status events', are named by their users).
     template = load_template(TEMPLATE)
     own = _worker_queues(template)
     for function in resources_of_type(template, "AWS::Serverless::Function"):
@@ -471,7 +639,8 @@ def test_no_statement_lists_every_models_queue() -> None:
             for statement in policy["Statement"]:
                 listed = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
                 queues = {r["Fn::GetAtt"][0] for r in listed if isinstance(r, dict) and "Fn::GetAtt" in r
-                          and template["Resources"][r["Fn::GetAtt"][0]]["Type"] == "AWS::SQS::Queue"}
+                          and template["Resources"][r["Fn::GetAtt"][0]]["Type"] == "AWS::SQS::Queue"
+                          and "/" in r["Fn::GetAtt"][0]}  # a model's nested stack's
                 assert queues <= {own.get(function)}, f"{function} lists queues {sorted(queues)}"
 
 
