@@ -8,6 +8,9 @@
     for line in client.iter_results(batch.id):
         print(line.custom_id, line.status)
 
+    endpoint = client.webhooks.create("https://example.com/hooks", name="batches")
+    print(endpoint.signing_secret)              # shown only by create and rotate_secret
+
 Reads (GET) and creates are retried on 429, 5xx and connection errors with exponential backoff
 and jitter, honouring `Retry-After`: every create carries one `Idempotency-Key` (a uuid4, or
 yours), reused across its retries, so a retried create answers the batch the first attempt
@@ -44,6 +47,8 @@ BASE_URL_ENV = "FREEINFERENCE_BASE_URL"
 # Create bodies larger than this are gzipped.
 GZIP_THRESHOLD_BYTES = 1024 * 1024
 FINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
+# The webhook event types the service sends: one per final status.
+WEBHOOK_EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # A Retry-After longer than this is not waited for: the error is raised at once.
 MAX_RETRY_AFTER_SECONDS = 120.0
@@ -198,6 +203,34 @@ class DeletedBatch(_Model):
     deleted: bool
 
 
+class WebhookEndpoint(_Model):
+    id: str
+    object: str = "webhook_endpoint"
+    url: str
+    name: str
+    event_types: list[str]
+    created_at: int
+    updated_at: int
+    signing_secret_hint: str
+    # Only in the answers of create and rotate_secret: no other call shows it again.
+    signing_secret: str | None = None
+
+
+class DeletedWebhookEndpoint(_Model):
+    id: str
+    object: str = "webhook_endpoint.deleted"
+    deleted: bool
+
+
+class WebhookTestResult(_Model):
+    object: str = "webhook_endpoint.test"
+    webhook_endpoint_id: str
+    event_type: str
+    # What the receiver answered (a delivery that got no answer at all is a 400 webhook_test_failed).
+    status_code: int
+    success: bool = True
+
+
 # ---- encoding -------------------------------------------------------------------------------
 
 
@@ -274,7 +307,8 @@ def api_error_from_response(response: requests.Response) -> BatchApiError:
 
 
 class BatchClient:
-    """The six endpoints of the Batch API, plus paging and waiting helpers.
+    """The six endpoints of the Batch API, plus paging and waiting helpers; the webhook
+    endpoints' routes are `client.webhooks` (WebhookEndpoints).
 
     `api_key` and `base_url` default to FREEINFERENCE_API_KEY and FREEINFERENCE_BASE_URL (then
     https://freeinference.org/v1); the environment is read only for arguments left as None.
@@ -306,6 +340,7 @@ class BatchClient:
         self.session = session if session is not None else requests.Session()
         self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": _USER_AGENT, "Accept": "application/json"}
         self._sleep: Callable[[float], None] = time.sleep  # replaced in tests
+        self.webhooks = WebhookEndpoints(self)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -491,6 +526,74 @@ class BatchClient:
             if deadline is not None:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             self._sleep(pause)
+
+
+class WebhookEndpoints:
+    """The webhook-endpoint routes (`client.webhooks`), named as the OpenAI SDK's `client.webhooks`.
+
+    Reads are retried like the batch reads; create, update, delete, rotate_secret and test are
+    retried only when the request certainly never reached the server: none is safe to repeat
+    (a second create is a second endpoint, a second rotate another secret, a second test another
+    delivery)."""
+
+    def __init__(self, client: BatchClient) -> None:
+        self._client = client
+
+    def _write(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        data = encode_json(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        return self._client._request(method, path, data=data, headers=headers, idempotent=False)
+
+    def create(self, url: str, name: str, event_types: Sequence[str] = WEBHOOK_EVENT_TYPES) -> WebhookEndpoint:
+        """POST /webhook_endpoints: its answer holds `signing_secret`, which no later call shows."""
+        return WebhookEndpoint.model_validate(self._write("POST", "/webhook_endpoints", {
+            "url": url, "name": name, "event_types": list(event_types)}))
+
+    def retrieve(self, endpoint_id: str) -> WebhookEndpoint:
+        return WebhookEndpoint.model_validate(self._client._get(f"/webhook_endpoints/{_segment(endpoint_id)}"))
+
+    def list(self, limit: int | None = None, after: str | None = None) -> Page[WebhookEndpoint]:
+        """GET /webhook_endpoints: one page, oldest first (limit 1-100, default 20)."""
+        return Page[WebhookEndpoint].model_validate(
+            self._client._get("/webhook_endpoints", {"limit": limit, "after": after}))
+
+    def iter(self, page_size: int = 100) -> Iterator[WebhookEndpoint]:
+        """Every endpoint of yours, paging as needed."""
+        after = None
+        while True:
+            page = self.list(limit=page_size, after=after)
+            yield from page.data
+            if not page.has_more or not page.last_id:
+                return
+            after = page.last_id
+
+    def update(self, endpoint_id: str, *, url: str | None = None, name: str | None = None,
+               event_types: Sequence[str] | None = None) -> WebhookEndpoint:
+        """POST /webhook_endpoints/{id}: only the fields given change."""
+        body = {k: v for k, v in {"url": url, "name": name,
+                                  "event_types": list(event_types) if event_types is not None else None}.items()
+                if v is not None}
+        return WebhookEndpoint.model_validate(self._write("POST", f"/webhook_endpoints/{_segment(endpoint_id)}", body))
+
+    def delete(self, endpoint_id: str) -> DeletedWebhookEndpoint:
+        """DELETE /webhook_endpoints/{id}: its pending deliveries stop too."""
+        return DeletedWebhookEndpoint.model_validate(
+            self._write("DELETE", f"/webhook_endpoints/{_segment(endpoint_id)}"))
+
+    def rotate_secret(self, endpoint_id: str, *, keep_old_secret_active_for_24_hours: bool = False) -> WebhookEndpoint:
+        """A new signing secret (in the answer only); the old one also signs for 24 h if asked."""
+        return WebhookEndpoint.model_validate(self._write(
+            "POST", f"/webhook_endpoints/{_segment(endpoint_id)}/rotate_secret",
+            {"keep_old_secret_active_for_24_hours": keep_old_secret_active_for_24_hours}))
+
+    def test(self, endpoint_id: str, event_type: str = "batch.completed") -> WebhookTestResult:
+        """One signed test delivery now: what the receiver answered."""
+        return WebhookTestResult.model_validate(self._write(
+            "POST", f"/webhook_endpoints/{_segment(endpoint_id)}/test", {"event_type": event_type}))
+
+    def event_types(self) -> list[str]:
+        """GET /webhook_event_types."""
+        return list(self._client._get("/webhook_event_types")["data"])
 
 
 def _segment(batch_id: str) -> str:

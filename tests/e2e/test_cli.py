@@ -234,3 +234,55 @@ def test_a_large_job_is_split_recorded_resumed_and_read_back_in_order(start_stac
     written = read_jsonl(out)
     assert [x["custom_id"] for x in written] == [f"q-{i}" for i in range(8)]
     assert all(x["error"] is None and x["response"]["status_code"] == 200 for x in written)
+
+
+def test_webhooks_add_list_test_delete_and_the_secret_is_printed_once(stack, key, tmp_path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import openai
+
+    got: list[tuple[bytes, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append((self.rfile.read(int(self.headers["Content-Length"])), dict(self.headers)))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/hook"
+    try:
+        added = run_cli(stack, key, "webhooks", "add", url, "--event-type", "batch.completed", cwd=tmp_path,
+                        real=True)
+        first, secret_line = added.stdout.splitlines()
+        endpoint_id = first.split()[0]
+        assert endpoint_id.startswith("we_") and url in first and "batch.completed" in first
+        secret = secret_line.removeprefix("signing secret: ")
+        assert secret.startswith("whsec_") and "shown only this once" in added.stderr
+
+        # Listing shows the endpoint, never the secret again
+        listed = run_cli(stack, key, "webhooks", "list", cwd=tmp_path)
+        assert listed.stdout.split()[0] == endpoint_id and secret not in listed.stdout
+        as_json = json.loads(run_cli(stack, key, "webhooks", "list", "--json", cwd=tmp_path).stdout)
+        assert as_json["id"] == endpoint_id and "signing_secret" not in as_json
+
+        # A test delivery reaches the receiver, signed with the secret add printed
+        tested = run_cli(stack, key, "webhooks", "test", endpoint_id, cwd=tmp_path)
+        assert tested.stdout.split()[:2] == [endpoint_id, "batch.completed"] and "answered 204" in tested.stdout
+        (body, headers), = got
+        event = openai.OpenAI(api_key="unused", webhook_secret=secret).webhooks.unwrap(body, headers)
+        assert event.type == "batch.completed"
+
+        deleted = run_cli(stack, key, "webhooks", "delete", endpoint_id, cwd=tmp_path)
+        assert deleted.stdout.split() == [endpoint_id, "deleted"]
+        assert run_cli(stack, key, "webhooks", "list", cwd=tmp_path).stdout == ""
+        gone = run_cli(stack, key, "webhooks", "test", endpoint_id, cwd=tmp_path, check=False)
+        assert gone.returncode == 1 and "404" in gone.stderr and "Traceback" not in gone.stderr
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -389,3 +389,74 @@ def test_results_fetch_a_body_given_by_link_without_the_api_key():
     fetches = session.calls[1:]
     assert [call["url"] for call in fetches] == [linked["response"]["body_url"]] * 2
     assert all("Authorization" not in call["headers"] for call in fetches)
+
+
+# ---- webhook endpoints ---------------------------------------------------------------------
+
+ENDPOINT_ID = "we_" + "b" * 32
+
+
+def endpoint_json(**fields: Any) -> dict:
+    return {"id": ENDPOINT_ID, "object": "webhook_endpoint", "url": "https://example.com/hooks", "name": "hooks",
+            "event_types": ["batch.completed"], "created_at": 100, "updated_at": 100,
+            "signing_secret_hint": "whsec_...abcd", **fields}
+
+
+def test_webhook_endpoint_routes_urls_and_bodies():
+    client, session, _ = make(
+        response(200, endpoint_json(signing_secret="whsec_c2VjcmV0")),
+        response(200, page([endpoint_json()])),
+        response(200, endpoint_json()),
+        response(200, endpoint_json(name="renamed")),
+        response(200, endpoint_json(signing_secret="whsec_bmV3")),
+        response(200, {"object": "webhook_endpoint.test", "webhook_endpoint_id": ENDPOINT_ID,
+                       "event_type": "batch.failed", "status_code": 204, "success": True}),
+        response(200, {"id": ENDPOINT_ID, "object": "webhook_endpoint.deleted", "deleted": True}),
+        response(200, {"object": "list", "data": ["batch.completed", "batch.failed"]}),
+    )
+    created = client.webhooks.create("https://example.com/hooks", "hooks")
+    assert created.signing_secret == "whsec_c2VjcmV0"
+    listed = client.webhooks.list(limit=5)
+    assert listed.data[0].signing_secret is None  # lists never show it
+    assert client.webhooks.retrieve(ENDPOINT_ID).id == ENDPOINT_ID
+    assert client.webhooks.update(ENDPOINT_ID, name="renamed").name == "renamed"
+    assert client.webhooks.rotate_secret(ENDPOINT_ID, keep_old_secret_active_for_24_hours=True).signing_secret
+    assert client.webhooks.test(ENDPOINT_ID, "batch.failed").status_code == 204
+    assert client.webhooks.delete(ENDPOINT_ID).deleted
+    assert client.webhooks.event_types() == ["batch.completed", "batch.failed"]
+    base = "http://api.test/v1/webhook_endpoints"
+    assert [(c["method"], c["url"], c["params"]) for c in session.calls] == [
+        ("POST", base, None), ("GET", base, {"limit": 5}), ("GET", f"{base}/{ENDPOINT_ID}", None),
+        ("POST", f"{base}/{ENDPOINT_ID}", None), ("POST", f"{base}/{ENDPOINT_ID}/rotate_secret", None),
+        ("POST", f"{base}/{ENDPOINT_ID}/test", None), ("DELETE", f"{base}/{ENDPOINT_ID}", None),
+        ("GET", "http://api.test/v1/webhook_event_types", None),
+    ]
+    bodies = [json.loads(c["data"]) if c["data"] else None for c in session.calls]
+    # The four final statuses unless told otherwise; an update sends only what changes
+    assert bodies[0] == {"url": "https://example.com/hooks", "name": "hooks",
+                         "event_types": ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]}
+    assert bodies[3] == {"name": "renamed"}
+    assert bodies[4] == {"keep_old_secret_active_for_24_hours": True}
+    assert bodies[5] == {"event_type": "batch.failed"}
+    assert bodies[6] is None
+
+
+@pytest.mark.parametrize("call", ["create", "test", "rotate_secret", "delete"])
+def test_webhook_writes_are_not_retried_on_5xx(call):
+    # A second create is a second endpoint, a second test another delivery, a second rotate another secret
+    client, session, sleeps = make(response(503, error_json("busy", "x")), response(200, endpoint_json()))
+    invoke = {"create": lambda: client.webhooks.create("https://example.com/hooks", "hooks"),
+              "test": lambda: client.webhooks.test(ENDPOINT_ID),
+              "rotate_secret": lambda: client.webhooks.rotate_secret(ENDPOINT_ID),
+              "delete": lambda: client.webhooks.delete(ENDPOINT_ID)}[call]
+    with pytest.raises(BatchApiError):
+        invoke()
+    assert len(session.calls) == 1 and sleeps == []
+
+
+def test_webhook_reads_are_retried_and_pages_follow_after():
+    second = endpoint_json(id="we_" + "c" * 32)
+    client, session, sleeps = make(response(503, error_json("busy", "x")),
+                                   response(200, page([endpoint_json()], has_more=True)), response(200, page([second])))
+    assert [e.id for e in client.webhooks.iter(page_size=1)] == [ENDPOINT_ID, second["id"]]
+    assert len(sleeps) == 1 and session.calls[-1]["params"] == {"limit": 1, "after": ENDPOINT_ID}

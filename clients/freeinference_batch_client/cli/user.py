@@ -1,4 +1,5 @@
-"""The user commands of `freeinference-batch`: submit, status, list, cancel, delete, results.
+"""The user commands of `freeinference-batch`: submit, status, list, cancel, delete, results,
+and `webhooks add/list/delete/test` (the account's webhook endpoints).
 
 They speak OpenAI's batch files: `submit` takes an OpenAI batch input file (JSONL), checks it
 with the server's own rules, splits it into as many batches as the limits require and records
@@ -23,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 from freeinference_batch.catalog import load_catalog
@@ -31,10 +33,12 @@ from freeinference_batch_client import openai_files
 from freeinference_batch_client.client import (
     API_KEY_ENV,
     BASE_URL_ENV,
+    WEBHOOK_EVENT_TYPES,
     Batch,
     BatchApiError,
     BatchClient,
     BatchClientError,
+    WebhookEndpoint,
 )
 from freeinference_batch_client.openai_files import InputFileError, Manifest
 
@@ -565,7 +569,71 @@ def delete(target: str) -> None:
         raise click.exceptions.Exit(1)
 
 
+# ---- webhooks -----------------------------------------------------------------------------
+
+
+@click.group()
+def webhooks() -> None:
+    """Webhook endpoints: URLs told, with a signed event, when one of your batches ends."""
+
+
+def _endpoint_line(endpoint: WebhookEndpoint) -> str:
+    return (f"{endpoint.id}  {endpoint.url}  {','.join(endpoint.event_types)}  {endpoint.name!r}  "
+            f"secret {endpoint.signing_secret_hint}")
+
+
+@webhooks.command(name="add")
+@click.argument("url")
+@click.option("--name", default=None, help="A name to tell endpoints apart (default: the URL's host).")
+@click.option("--event-type", "event_types", multiple=True, type=click.Choice(WEBHOOK_EVENT_TYPES),
+              help="An event to send (repeatable); default: all four.")
+@click.option("--json", "as_json", is_flag=True, help="Print the endpoint object as JSON (with its secret).")
+@_friendly
+def add_webhook(url: str, name: str | None, event_types: tuple[str, ...], as_json: bool) -> None:
+    """Register URL; prints its signing secret, which is shown this once."""
+    endpoint = make_client().webhooks.create(url, name or (urlsplit(url).hostname or url),
+                                             event_types or WEBHOOK_EVENT_TYPES)
+    if as_json:
+        click.echo(json.dumps(endpoint.model_dump(mode="json")))
+        return
+    click.echo(_endpoint_line(endpoint))
+    click.echo(f"signing secret: {endpoint.signing_secret}")
+    # On stderr: stdout stays the endpoint and its secret, for a script to read.
+    _echo_err("Keep the signing secret now: it is shown only this once (a new one: rotate it).")
+
+
+@webhooks.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print the endpoint objects as JSON, one per line.")
+@_friendly
+def list_webhooks(as_json: bool) -> None:
+    """Your webhook endpoints (never their secrets)."""
+    for endpoint in make_client().webhooks.iter():
+        # The server never lists a secret; the model's empty field is left out, not printed as null.
+        click.echo(json.dumps(endpoint.model_dump(mode="json", exclude={"signing_secret"})) if as_json
+                   else _endpoint_line(endpoint))
+
+
+@webhooks.command(name="delete")
+@click.argument("endpoint_id")
+@_friendly
+def delete_webhook(endpoint_id: str) -> None:
+    """Delete an endpoint; its pending deliveries stop."""
+    click.echo(f"{make_client().webhooks.delete(endpoint_id).id}  deleted")
+
+
+@webhooks.command(name="test")
+@click.argument("endpoint_id")
+@click.option("--event-type", type=click.Choice(WEBHOOK_EVENT_TYPES), default="batch.completed", show_default=True)
+@_friendly
+def test_webhook(endpoint_id: str, event_type: str) -> None:
+    """Send one signed test event now; prints what the receiver answered, exit 1 unless a 2xx."""
+    result = make_client().webhooks.test(endpoint_id, event_type)
+    click.echo(f"{result.webhook_endpoint_id}  {result.event_type}  the receiver answered {result.status_code}")
+    if not 200 <= result.status_code < 300:
+        raise click.exceptions.Exit(1)
+
+
 def register(main: click.Group) -> None:
     """Add the user commands to the `freeinference-batch` group."""
-    for command in (submit, status, list_batches, cancel, delete, results):
+    for command in (submit, status, list_batches, cancel, delete, results, webhooks):
         main.add_command(command)
