@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from freeinference_batch import clock, webhook_delivery, webhook_signing, webhook_urls
 from freeinference_batch.accounts import Principal
 from freeinference_batch.catalog import load_catalog
-from freeinference_batch.errors import BadRequest, Forbidden, NotFound
+from freeinference_batch.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
 from freeinference_batch.schemas import (
     DeletedWebhookEndpoint,
     WebhookCreateBody,
@@ -34,6 +34,7 @@ from freeinference_batch.schemas import (
     WebhookUpdateBody,
 )
 from freeinference_batch.settings import Settings
+from freeinference_batch.store.dynamo import TransactionConflict
 from freeinference_batch.store.webhook_endpoints import EndpointRecord, TooManyEndpoints, WebhookEndpoints
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -42,6 +43,8 @@ ENDPOINT_ID = re.compile(r"we_[0-9a-f]{32}")
 EVENT_TYPES = [member.value for member in WebhookEventType]
 # rotate_secret's keep_old_secret_active_for_24_hours.
 OLD_SECRET_OVERLAP_SECONDS = 24 * 3600
+# What a call refused for a conflict tells the caller to wait (as batches.py's).
+BUSY_RETRY_AFTER_SECONDS = 1
 # The batch id a test delivery names: no batch has it.
 TEST_BATCH_ID = "batch_test"
 
@@ -50,6 +53,14 @@ def new_endpoint_id(now: float) -> str:
     """`we_` + the creation time in microseconds (14 hex digits) + 18 random hex digits: listed
     in creation order by id alone."""
     return f"we_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
+
+
+def _busy(doing: str) -> ServiceUnavailable:
+    # A transaction other writes kept cancelling (DynamoDB reports a conflict instead of waiting):
+    # nothing was written, so the same call later is safe.
+    return ServiceUnavailable(f"Another change to the same data was in progress while {doing}; nothing was "
+                              f"changed. Try again in {BUSY_RETRY_AFTER_SECONDS} second(s)",
+                              retry_after=BUSY_RETRY_AFTER_SECONDS)
 
 
 def _may_manage(settings: Settings, principal: Principal) -> None:
@@ -126,6 +137,8 @@ def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
     except TooManyEndpoints:
         raise BadRequest(f"An account may have at most {settings.webhook_max_endpoints} webhook endpoints; "
                          "delete one before adding another", code="too_many_webhook_endpoints") from None
+    except TransactionConflict:
+        raise _busy("creating the webhook endpoint") from None
     return _with_secret(record, secret)
 
 
@@ -169,8 +182,11 @@ def update_endpoint(settings: Settings, principal: Principal, endpoint_id: str, 
 
 def delete_endpoint(settings: Settings, principal: Principal, endpoint_id: str) -> dict:
     _owned(settings, principal, endpoint_id)
-    deleted = WebhookEndpoints(settings).delete(principal.account_id, endpoint_id, secrets.token_hex(8),
-                                                int(clock.now(settings.clock_offset_file)))
+    try:
+        deleted = WebhookEndpoints(settings).delete(principal.account_id, endpoint_id, secrets.token_hex(8),
+                                                    int(clock.now(settings.clock_offset_file)))
+    except TransactionConflict:
+        raise _busy("deleting the webhook endpoint") from None
     if not deleted:
         raise NotFound(f"No webhook endpoint found with id '{endpoint_id}'")
     return DeletedWebhookEndpoint(id=endpoint_id).model_dump(mode="json")

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from freeinference_batch import aws
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.dynamo import (
+    TransactionConflict,
     TransactionFailed,
     from_item,
     is_conditional_failure,
@@ -93,7 +94,8 @@ class WebhookEndpoints:
 
     def create(self, record: EndpointRecord, max_endpoints: int) -> None:
         """Store a new endpoint and count it, or TooManyEndpoints. `record.write_token` marks the
-        write as this call's, so that a re-sent transaction that finds the item knows it was its own."""
+        write as this call's, so that a re-sent transaction that finds the item knows it was its own.
+        TransactionConflict when other writes kept cancelling it (nothing was written)."""
         item = {**_key(record.account_id, record.id), **to_item(record.model_dump())}
         elements = [
             {"Put": {"TableName": self.table, "Item": item, "ConditionExpression": "attribute_not_exists(pk)"}},
@@ -111,7 +113,7 @@ class WebhookEndpoints:
                 return  # our own write, whose answer was lost
             if failure.failed(1):
                 raise TooManyEndpoints from None
-            raise
+            raise  # a conflict (TransactionConflict): the caller says "busy, retry"
 
     def update(self, account_id: str, endpoint_id: str, fields: dict[str, Any], now: int) -> EndpointRecord | None:
         """Set `fields` on an endpoint not deleted; the new record, or None if there is none.
@@ -144,7 +146,8 @@ class WebhookEndpoints:
         return updated
 
     def delete(self, account_id: str, endpoint_id: str, token: str, now: int) -> bool:
-        """Mark the endpoint deleted and uncount it; False if there is none (not deleted)."""
+        """Mark the endpoint deleted and uncount it; False if there is none (not deleted).
+        TransactionConflict when other writes kept cancelling it (the endpoint is still there)."""
         elements = [
             {"Update": {"TableName": self.table, "Key": _key(account_id, endpoint_id),
                         "UpdateExpression": "SET deleted_at = :now, #ttl = :ttl, write_token = :token",
@@ -157,6 +160,8 @@ class WebhookEndpoints:
         ]
         try:
             transact(elements)
+        except TransactionConflict:
+            raise  # no condition failed: the endpoint may well be there still, not "not found"
         except TransactionFailed:
             stored = self.get(account_id, endpoint_id)
             return stored is not None and stored.write_token == token  # our own, whose answer was lost
