@@ -35,6 +35,13 @@ CONFIG = REPO / "schemathesis.toml"
 # Why a create that openapi.yaml calls valid may still be refused (schemathesis.toml): a model the
 # key may not use, an Idempotency-Key that created another batch. Any other refusal is a bug.
 STATEFUL_CREATE_REFUSALS = {400: "model_not_found", 422: "idempotency_key_reused"}
+# Likewise for the webhook routes (schemathesis.toml): a URL whose host does not resolve or
+# resolves to an address we do not call, a sixth endpoint, a test delivery nobody answered.
+STATEFUL_WEBHOOK_REFUSALS = {
+    "createWebhookEndpoint": ("The webhook URL is refused: its host ", "too_many_webhook_endpoints"),
+    "updateWebhookEndpoint": ("The webhook URL is refused: its host ",),
+    "testWebhookEndpoint": ("webhook_test_failed",),
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +64,7 @@ def finished_batch(stack, fuzz_key) -> str:
 
 # Loaded at import (the pytest plugin makes one test per operation); the stack's base URL is only
 # known once its fixture runs, so each call is given it. Methods no route has are answered by API
-# Gateway in front of the service (`404 {"message": "Not Found"}`), not by the API, so only the six
+# Gateway in front of the service (`404 {"message": "Not Found"}`), not by the API, so only the
 # documented operations are sent.
 schema = schemathesis.openapi.from_path(OPENAPI, config=SchemathesisConfig.from_path(CONFIG))
 schema.config.generation.update(max_examples=MAX_EXAMPLES)
@@ -127,6 +134,11 @@ def fuzz_one(case: Any, base_url: str, key: str, finished_batch: str) -> None:
         if case.operation.definition.raw.get("operationId") == "createBatch" and case.meta is not None \
                 and case.meta.generation.mode.is_positive and response.status_code in STATEFUL_CREATE_REFUSALS:
             assert body["error"]["code"] == STATEFUL_CREATE_REFUSALS[response.status_code], where
+        operation_id = case.operation.definition.raw.get("operationId")
+        if operation_id in STATEFUL_WEBHOOK_REFUSALS and case.meta is not None \
+                and case.meta.generation.mode.is_positive and response.status_code == 400:
+            reasons = STATEFUL_WEBHOOK_REFUSALS[operation_id]
+            assert body["error"]["code"] in reasons or body["error"]["message"].startswith(reasons), where
     # Every check enabled in schemathesis.toml (all of them but those it turns off, with why).
     case.validate_response(response, transport_kwargs={"base_url": base_url})
 

@@ -30,6 +30,10 @@ RETRIEVE = ("/batches/{batch_id}", "get")
 DELETE = ("/batches/{batch_id}", "delete")
 RESULTS = ("/batches/{batch_id}/results", "get")
 CANCEL = ("/batches/{batch_id}/cancel", "post")
+ENDPOINTS = "/webhook_endpoints"
+ENDPOINT = "/webhook_endpoints/{endpoint_id}"
+WEBHOOKS = {(ENDPOINTS, "post"), (ENDPOINTS, "get"), (ENDPOINT, "get"), (ENDPOINT, "post"), (ENDPOINT, "delete"),
+            (f"{ENDPOINT}/rotate_secret", "post"), (f"{ENDPOINT}/test", "post"), ("/webhook_event_types", "get")}
 
 
 def deref(node: dict) -> dict:
@@ -92,9 +96,9 @@ def test_the_document_is_valid_openapi_3_1():
     assert SPEC["openapi"].startswith("3.1")
 
 
-def test_the_document_has_the_six_endpoints_and_their_errors():
+def test_the_document_has_the_six_endpoints_the_webhook_routes_and_their_errors():
     operations = {(path, method) for path, item in SPEC["paths"].items() for method in item if method != "parameters"}
-    assert operations == {CREATE, LIST, RETRIEVE, DELETE, RESULTS, CANCEL}
+    assert operations == {CREATE, LIST, RETRIEVE, DELETE, RESULTS, CANCEL} | WEBHOOKS
     statuses = {status for path, method in operations for status in SPEC["paths"][path][method]["responses"]}
     assert {"200", "400", "401", "403", "404", "409", "413", "429"} <= statuses
     assert set(SPEC["paths"][CREATE[0]]["post"]["responses"]) >= {"400", "401", "403", "404", "413", "429"}
@@ -363,3 +367,43 @@ def test_429_unfinished_limit_and_an_expired_batch_conform(start_stack, tmp_path
     assert [(line["status"], line["error"]["code"]) for line in lines] == [("expired", "batch_expired")] * 2
     # And the limit frees up
     conforms(stuck.create_batch([request("c")]), CREATE, 200)
+
+
+def test_the_webhook_routes_answer_as_documented(stack, key):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(202)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = stack.api(key)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/hook"  # the local stack's loopback setting
+        created = conforms(api.post(ENDPOINTS, json={"url": url, "name": "doc", "event_types": ["batch.completed"]}),
+                           (ENDPOINTS, "post"), 200)
+        path = f"{ENDPOINTS}/{created['id']}"
+        conforms(api.get(ENDPOINTS, params={"limit": 5}), (ENDPOINTS, "get"), 200)
+        conforms(api.get(path), (ENDPOINT, "get"), 200)
+        conforms(api.post(path, json={"name": "renamed", "url": None}), (ENDPOINT, "post"), 200)
+        conforms(api.post(f"{path}/rotate_secret", json={"keep_old_secret_active_for_24_hours": True}),
+                 (f"{ENDPOINT}/rotate_secret", "post"), 200)
+        tested = conforms(api.post(f"{path}/test", json={"event_type": "batch.completed"}),
+                          (f"{ENDPOINT}/test", "post"), 200)
+        assert tested["status_code"] == 202
+        conforms(api.get("/webhook_event_types"), ("/webhook_event_types", "get"), 200)
+        refused = conforms(api.post(ENDPOINTS, json={"url": "https://10.0.0.1/", "name": "x",
+                                                     "event_types": ["batch.completed"]}), (ENDPOINTS, "post"), 400)
+        assert "private" in refused["error"]["message"]
+        conforms(api.delete(path), (ENDPOINT, "delete"), 200)
+        conforms(api.get(path), (ENDPOINT, "get"), 404)
+    finally:
+        server.shutdown()
+        server.server_close()
