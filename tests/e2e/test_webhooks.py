@@ -230,3 +230,61 @@ def test_endpoint_rules_refusals_limits_and_other_accounts(hooks_stack, receiver
         assert client.webhooks.delete(endpoint.id).deleted is True
     with pytest.raises(openai.NotFoundError):
         client.webhooks.retrieve(made[0].id)
+
+
+# AWS's bad days (README "AWS's bad days, on demand"), every DynamoDB and SQS fault at once.
+AWS_FAULTS = ("dynamodb.throttle=0.03,dynamodb.error=0.02,dynamodb.lost_answer=0.03,dynamodb.conflict=0.03,"
+              "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03")
+
+
+def test_under_aws_faults_every_event_arrives_under_one_webhook_id(tmp_path, receivers) -> None:
+    from collections import defaultdict
+
+    from freeinference_batch_client.client import BatchApiError, BatchClient
+
+    stack = launch_stack(tmp_path, **SHORT_TIMINGS, **WEBHOOK_TIMINGS, LOCAL_AWS_FAULTS=AWS_FAULTS,
+                         LOCAL_AWS_FAULTS_SEED="22")
+    try:
+        receiver = Receiver()
+        receivers.append(receiver)
+        # Clients that retry what AWS's faults make a 503, as a user's would
+        endpoint = openai.OpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=8).webhooks.create(
+            url=receiver.url, name="faults", event_types=["batch.completed", "batch.cancelled"])
+        client = BatchClient(stack.key, stack.base_url, backoff_base=0.2, max_retries=8)
+        body = {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "hi"}]}
+        done = [client.create([{"custom_id": f"r-{i}", "body": body} for i in range(3)]).id for _ in range(4)]
+        slow = client.create([{"custom_id": f"s-{i}", "body": {**body, "messages": [
+            {"role": "user", "content": "[sim:latency=1] hi"}]}} for i in range(100)]).id
+
+        def cancel() -> bool:
+            try:
+                return client.cancel(slow).status in ("cancelling", "cancelled")
+            except BatchApiError as error:
+                if error.status == 503:  # a conflict, nothing changed: again
+                    return False
+                raise
+
+        wait_for(cancel, timeout=30)
+        finals = {batch_id: client.wait(batch_id, poll_interval=0.2, timeout=90).status for batch_id in [*done, slow]}
+        assert finals == {**{b: "completed" for b in done}, slow: "cancelled"}
+
+        # Every final status told, none lost
+        wanted = {(f"batch.{status}", batch_id) for batch_id, status in finals.items()}
+        wait_for(lambda: wanted <= {(e["type"], e["data"]["id"]) for e in receiver.events()}, timeout=60)
+        # ...and none told twice but as the same event: one webhook-id per (event, batch), another
+        # per event, every delivery verifying
+        verifier = openai.OpenAI(api_key="unused", webhook_secret=endpoint.signing_secret)
+        ids: dict[tuple[str, str], set[str]] = defaultdict(set)
+        for record in receiver.received:
+            event = verifier.webhooks.unwrap(record["body"], record["headers"])
+            ids[(event.type, event.data.id)].add(record["headers"]["webhook-id"])
+        assert set(ids) == wanted
+        assert all(len(seen) == 1 for seen in ids.values()), ids
+        assert len({i for seen in ids.values() for i in seen}) == len(wanted)
+        # And the faults did happen
+        injected = json.loads(stack.admin("faults").stdout)
+        print("faults injected:", json.dumps(injected, sort_keys=True), "deliveries:", len(receiver.received))
+        assert injected["sqs.duplicate"] and injected["dynamodb.lost_answer"] and injected["dynamodb.conflict"]
+    finally:
+        stack.stop()
+        print(stack.stderr_text()[-20000:])
