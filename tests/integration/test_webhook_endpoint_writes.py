@@ -54,3 +54,19 @@ def test_a_create_and_a_delete_whose_answers_were_lost_find_their_own_success(ha
         assert status == 200, answer
     status, refused = harness.call("POST", "/v1/webhook_endpoints", ENDPOINT)
     assert status == 400 and refused["error"]["code"] == "too_many_webhook_endpoints"
+
+
+def test_a_rotation_whose_answer_was_lost_finds_its_own_new_secret(harness):
+    harness.configure(WEBHOOK_ALLOW_LOOPBACK_HTTP="true")
+    status, created = harness.call("POST", "/v1/webhook_endpoints", ENDPOINT)
+    assert status == 200
+    store = webhook_endpoints.WebhookEndpoints(harness.settings)
+    old = store.get("acct-1", created["id"]).secret_nonce
+    args = ("acct-1", created["id"], old, "new-nonce", "whsec_...new", None, 200)
+    first = store.rotate(*args)
+    # The same write sent again (its answer lost): its condition (the old nonce) fails, and the
+    # stored nonce is its own
+    again = store.rotate(*args)
+    assert first is not None and again is not None and again.secret_nonce == "new-nonce"
+    # Another rotation's nonce is not mistaken for ours
+    assert store.rotate("acct-1", created["id"], old, "other-nonce", "whsec_...oth", None, 201) is None
