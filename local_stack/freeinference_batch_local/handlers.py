@@ -32,6 +32,11 @@ LOCAL_STACK_NAME = "freeinference-batch-local"
 # and the SQS event source mapping's events are synchronous invocations. The service bounds its
 # answers by the same number (pages.py).
 LAMBDA_INVOKE_PAYLOAD_BYTES = LAMBDA_PAYLOAD_LIMIT
+# A function with no reserved concurrency (the API, the schedules) scales on AWS up to the
+# account's unreserved concurrency; locally each environment is a process of ~70 MB, so the stack
+# runs at most this many at once and queues invocations beyond it (AWS would start more). 10 is
+# the concurrency quota AWS gives a new account.
+LOCAL_UNRESERVED_CONCURRENCY = 10
 
 _modules: dict[Path, ModuleType] = {}
 _modules_lock = threading.Lock()
@@ -114,17 +119,25 @@ class LambdaContext:
         timeout_seconds: float = 3,
         region: str = LOCAL_REGION,
         account_id: str = LOCAL_ACCOUNT_ID,
+        *,
+        aws_request_id: str | None = None,
+        deadline_epoch_ms: int | None = None,
     ) -> None:
         self.function_name = function_name
         self.function_version = "$LATEST"
         self.invoked_function_arn = f"arn:aws:lambda:{region}:{account_id}:function:{function_name}"
         self.memory_limit_in_mb = int(memory_limit_in_mb)
-        self.aws_request_id = str(uuid.uuid4())
+        self.aws_request_id = aws_request_id or str(uuid.uuid4())
         self.log_group_name = f"/aws/lambda/{function_name}"
         self.log_stream_name = f"{time.strftime('%Y/%m/%d')}/[$LATEST]{uuid.uuid4().hex}"
         self.identity = None
         self.client_context = None
-        self._deadline = time.monotonic() + timeout_seconds
+        # An execution environment gets its deadline from the parent as Lambda's runtime API gives
+        # it (Lambda-Runtime-Deadline-Ms, epoch milliseconds); in-process, from the timeout.
+        if deadline_epoch_ms is not None:
+            self._deadline = time.monotonic() + (deadline_epoch_ms / 1000 - time.time())
+        else:
+            self._deadline = time.monotonic() + timeout_seconds
 
     def get_remaining_time_in_millis(self) -> int:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
@@ -151,6 +164,32 @@ class FunctionSpec:
 
     def context(self) -> LambdaContext:
         return LambdaContext(self.name, self.memory_mb, self.timeout)
+
+    @property
+    def reserved_concurrency(self) -> int | None:
+        reserved = self.properties.get("ReservedConcurrentExecutions")
+        return int(reserved) if reserved else None
+
+    def mapping_concurrency(self, properties: dict[str, Any]) -> int:
+        """How many invocations one SQS event mapping of this function runs at once: its
+        `ScalingConfig.MaximumConcurrency`, never above the reserved concurrency (Lambda would
+        throttle the rest), else the reserved concurrency, else 5."""
+        cap = (properties.get("ScalingConfig") or {}).get("MaximumConcurrency") or self.reserved_concurrency or 5
+        if self.reserved_concurrency:
+            cap = min(int(cap), self.reserved_concurrency)
+        return int(cap)
+
+    @property
+    def concurrency(self) -> int:
+        """The most execution environments the local stack runs for this function at once: its
+        reserved concurrency, else what its SQS mappings may run together, else
+        `LOCAL_UNRESERVED_CONCURRENCY`."""
+        if self.reserved_concurrency:
+            return self.reserved_concurrency
+        mappings = [p for p in self.events("SQS").values() if str(p.get("Enabled", True)).lower() != "false"]
+        if mappings:
+            return sum(self.mapping_concurrency(properties) for properties in mappings)
+        return LOCAL_UNRESERVED_CONCURRENCY
 
     def events(self, event_type: str) -> dict[str, dict[str, Any]]:
         """Event name -> properties, for the function's events of `event_type` (`SQS`, `HttpApi`)."""
