@@ -87,7 +87,11 @@ def _notify_on_sqs_calls(frames: _Frames) -> None:
         with contextlib.suppress(OSError):  # the parent is gone: stdin's watcher ends us
             frames.send({"type": "notice", "what": "sqs"})
 
-    events = aws.sqs().meta.events
+    try:
+        events = aws.sqs().meta.events
+    except Exception as error:  # no region or credentials: nothing the stack runs, but no reason to fail
+        log.warning("no SQS client to watch (%s): the pollers wake at their next idle poll", error)
+        return
     for operation in _SQS_WAKING_CALLS:
         events.register(f"after-call.sqs.{operation}", notice)
 
