@@ -593,7 +593,8 @@ class LocalStack:
                 ).start()
 
     def _warn_per_function_env(self, template: dict[str, Any]) -> None:
-        # One process has one environment: a function's own variables cannot apply to it alone.
+        # Every function's execution environments inherit the stack's one set of variables: a
+        # function's own variables do not apply to it alone.
         # Only those that change a setting matter (WORKER_MODEL-style labels are harmless).
         function_globals = (template.get("Globals") or {}).get("Function") or {}
         globals_env = (function_globals.get("Environment") or {}).get("Variables") or {}
