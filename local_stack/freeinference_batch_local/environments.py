@@ -133,7 +133,7 @@ class ExecutionEnvironment:
     def invoke(self, event: Any, request_id: str, timeout_seconds: float) -> Any:
         """One invocation; the handler's answer, or `FunctionError`. An environment that timed out
         or whose process died is dead afterwards (`alive` is False)."""
-        if not self.alive or self._connection is None:
+        if not self.alive or self._connection is None or self._connection.closed:
             raise FunctionError(f"RequestId: {request_id} Error: the environment is gone", "Runtime.ExitError")
         self.invocations += 1
         deadline = time.monotonic() + timeout_seconds
@@ -174,15 +174,16 @@ class ExecutionEnvironment:
 
     def _receive(self, deadline: float) -> dict[str, Any] | None:
         """The next frame, or None at the deadline or when the child's end closes."""
-        assert self._connection is not None
+        connection = self._connection
+        assert connection is not None
         try:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 # poll() in steps so that a child that died is seen even before its socket closes.
-                if self._connection.poll(min(remaining, 1.0)):
-                    return json.loads(self._connection.recv_bytes())
+                if connection.poll(min(remaining, 1.0)):
+                    return json.loads(connection.recv_bytes())
                 if self.process is not None and self.process.poll() is not None:
                     return None
         except (EOFError, OSError):
@@ -230,9 +231,10 @@ class ExecutionEnvironment:
         if self.process is not None and self.process.stdin is not None and not self.process.stdin.closed:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
+        # Closed but kept: an invocation still waiting on it (a stop from another thread) gets
+        # OSError("handle is closed"), which reads as the environment's end.
         if self._connection is not None:
             self._connection.close()
-            self._connection = None
 
 
 def _signal_name(number: int) -> str:

@@ -32,11 +32,16 @@ LOCAL_STACK_NAME = "freeinference-batch-local"
 # and the SQS event source mapping's events are synchronous invocations. The service bounds its
 # answers by the same number (pages.py).
 LAMBDA_INVOKE_PAYLOAD_BYTES = LAMBDA_PAYLOAD_LIMIT
-# A function with no reserved concurrency (the API, the schedules) scales on AWS up to the
-# account's unreserved concurrency; locally each environment is a process of ~70 MB, so the stack
-# runs at most this many at once and queues invocations beyond it (AWS would start more). 10 is
-# the concurrency quota AWS gives a new account.
+# A function with no reserved concurrency scales on AWS up to the account's unreserved
+# concurrency; locally each environment is a process of ~70 MB, so the stack runs at most this many
+# at once and queues invocations beyond it (AWS would start more). 10 is the concurrency quota AWS
+# gives a new account.
 LOCAL_UNRESERVED_CONCURRENCY = 10
+# A function that only schedules invoke (expire, sweep, purge) and reserves no concurrency: two
+# runs side by side, so that overlapping ticks happen here as on AWS, but no more. On a loaded
+# machine a sweep outlasts its (test-short) interval, and ten overlapping sweeps per schedule
+# were ten processes each, all waiting on moto's one lock, which made every run slower still.
+LOCAL_SCHEDULE_CONCURRENCY = 2
 
 _modules: dict[Path, ModuleType] = {}
 _modules_lock = threading.Lock()
@@ -183,12 +188,16 @@ class FunctionSpec:
     def concurrency(self) -> int:
         """The most execution environments the local stack runs for this function at once: its
         reserved concurrency, else what its SQS mappings may run together, else
-        `LOCAL_UNRESERVED_CONCURRENCY`."""
+        `LOCAL_SCHEDULE_CONCURRENCY` for a function only schedules invoke, else
+        `LOCAL_UNRESERVED_CONCURRENCY` (the API)."""
         if self.reserved_concurrency:
             return self.reserved_concurrency
         mappings = [p for p in self.events("SQS").values() if str(p.get("Enabled", True)).lower() != "false"]
         if mappings:
             return sum(self.mapping_concurrency(properties) for properties in mappings)
+        kinds = {event.get("Type") for event in (self.properties.get("Events") or {}).values()}
+        if kinds and kinds <= {"Schedule", "ScheduleV2"}:
+            return LOCAL_SCHEDULE_CONCURRENCY
         return LOCAL_UNRESERVED_CONCURRENCY
 
     def events(self, event_type: str) -> dict[str, dict[str, Any]]:

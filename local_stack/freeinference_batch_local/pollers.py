@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 # (see QueuePoller.wake), which is what SQS long polling gives a Lambda event source mapping.
 IDLE_SLEEP_SECONDS = 0.25
 ERROR_SLEEP_SECONDS = 0.5
+# How long a schedule's tick may wait for a run to end before it is dropped (ScheduleTimer).
+MAX_EVENT_AGE_SECONDS = 60.0
 # One ReceiveMessage returns at most 10 messages; Lambda's SQS batch may be bigger with a window.
 RECEIVE_MAX_MESSAGES = 10
 MAX_BATCH_SIZE_WITH_WINDOW = 10_000
@@ -410,7 +412,10 @@ class ScheduleTimer:
     As EventBridge does: a schedule's target is invoked asynchronously, so a tick whose previous
     run still runs is not skipped but runs beside it (on Lambda, in another execution
     environment), up to `max_concurrency` runs at once (the function's reserved concurrency); a
-    tick beyond it waits for a run to end, as Lambda's asynchronous queue holds the event.
+    tick beyond it waits for a run to end, as Lambda's asynchronous queue holds the event, and is
+    dropped once it has waited `max_event_age` seconds (the queue's `MaximumEventAgeInSeconds`:
+    locally Lambda's smallest setting, 60 s, not its default of 6 h, so that a loaded machine's
+    backlog of ticks does not run on for hours after the load).
     """
 
     def __init__(
@@ -423,6 +428,7 @@ class ScheduleTimer:
         rule_name: str | None = None,
         clock: Callable[[], float] = time.time,
         max_concurrency: int = LOCAL_UNRESERVED_CONCURRENCY,
+        max_event_age: float = MAX_EVENT_AGE_SECONDS,
     ) -> None:
         self.name = name
         self.handler = handler
@@ -431,8 +437,10 @@ class ScheduleTimer:
         self.rule_name = rule_name or f"{name}-schedule"
         self.clock = clock
         self.max_concurrency = max(1, int(max_concurrency))
+        self.max_event_age = float(max_event_age)
         self.runs = 0
         self.errors = 0
+        self.dropped = 0
         self._stop = threading.Event()
         self._running = threading.Event()
         self._running.set()
@@ -441,7 +449,8 @@ class ScheduleTimer:
         self._idle = threading.Condition(self._lock)
         self._in_flight = 0
         self._max_in_flight = 0
-        self._queued: list[float] = []  # the times of ticks waiting for a run to end
+        # Ticks waiting for a run to end: (when it was queued, monotonic; its event's time).
+        self._queued: list[tuple[float, float]] = []
 
     def start(self) -> ScheduleTimer:
         self._stop.clear()
@@ -491,7 +500,7 @@ class ScheduleTimer:
         now = self.clock()
         with self._lock:
             if self._in_flight >= self.max_concurrency:
-                self._queued.append(now)
+                self._queued.append((time.monotonic(), now))
                 return
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
@@ -507,6 +516,7 @@ class ScheduleTimer:
                 "in_flight": self._in_flight,
                 "max_in_flight": self._max_in_flight,
                 "queued": len(self._queued),
+                "dropped": self.dropped,
                 "max_concurrency": self.max_concurrency,
             }
 
@@ -534,8 +544,12 @@ class ScheduleTimer:
 
     def _finished(self) -> None:
         with self._idle:
-            if self._queued and not self._stop.is_set():
-                self._spawn(self._queued.pop(0))  # the slot passes to the oldest waiting tick
+            while self._queued and not self._stop.is_set():
+                queued_at, tick_time = self._queued.pop(0)
+                if time.monotonic() - queued_at > self.max_event_age:
+                    self.dropped += 1
+                    continue
+                self._spawn(tick_time)  # the slot passes to the oldest waiting tick
                 return
             self._in_flight -= 1
             self._idle.notify_all()

@@ -361,3 +361,39 @@ def test_a_schedule_tick_beyond_the_concurrency_waits_and_then_runs():
     finally:
         release.set()
         timer.stop(timeout=5)
+
+
+def test_a_tick_that_waited_longer_than_the_event_age_is_dropped():
+    # Given a schedule whose one run blocks, and ticks that may not wait at all for it
+    release = threading.Event()
+
+    def handler(event, context):
+        release.wait(10)
+
+    timer = ScheduleTimer(name="SweepFunction", handler=handler, interval=0.02, max_concurrency=1,
+                          max_event_age=0.0).start()
+    try:
+        wait_for(lambda: timer.stats()["queued"] >= 3, what="ticks queued")
+        timer.pause()
+        release.set()
+        # Then when the run ends, the stale ticks are dropped instead of run, as Lambda's
+        # asynchronous queue drops events past MaximumEventAgeInSeconds
+        wait_for(lambda: timer.stats()["in_flight"] == 0, what="the run to end")
+        stats = timer.stats()
+        assert stats["dropped"] >= 3 and stats["queued"] == 0 and stats["runs"] == 1
+    finally:
+        release.set()
+        timer.stop(timeout=5)
+
+
+def test_each_function_of_the_template_runs_up_to_its_concurrency():
+    from freeinference_batch_local.handlers import functions_from_template, repo_root
+    from freeinference_batch_local.template import load_template
+
+    functions = functions_from_template(load_template(repo_root() / "template.yaml"))
+    caps = {logical_id: function.concurrency for logical_id, function in functions.items()}
+    # The workers: their reserved concurrency (= the mapping's MaximumConcurrency); the API, which
+    # reserves none: the local cap; the schedules: two overlapping runs
+    assert caps["GlmFlashModel/WorkerFunction"] == 8 and caps["Qwen35bModel/WorkerFunction"] == 8
+    assert caps["ApiFunction"] == 10
+    assert caps["ExpireFunction"] == caps["SweepFunction"] == caps["PurgeFunction"] == 2
