@@ -37,11 +37,6 @@ LAMBDA_INVOKE_PAYLOAD_BYTES = LAMBDA_PAYLOAD_LIMIT
 # at once and queues invocations beyond it (AWS would start more). 10 is the concurrency quota AWS
 # gives a new account.
 LOCAL_UNRESERVED_CONCURRENCY = 10
-# A function that only schedules invoke (expire, sweep, purge) and reserves no concurrency: two
-# runs side by side, so that overlapping ticks happen here as on AWS, but no more. On a loaded
-# machine a sweep outlasts its (test-short) interval, and ten overlapping sweeps per schedule
-# were ten processes each, all waiting on moto's one lock, which made every run slower still.
-LOCAL_SCHEDULE_CONCURRENCY = 2
 
 _modules: dict[Path, ModuleType] = {}
 _modules_lock = threading.Lock()
@@ -187,17 +182,14 @@ class FunctionSpec:
     @property
     def concurrency(self) -> int:
         """The most execution environments the local stack runs for this function at once: its
-        reserved concurrency, else what its SQS mappings may run together, else
-        `LOCAL_SCHEDULE_CONCURRENCY` for a function only schedules invoke, else
-        `LOCAL_UNRESERVED_CONCURRENCY` (the API)."""
+        reserved concurrency (the template's API 50, each schedule 2, each worker its mapping's
+        `MaximumConcurrency`), else what its SQS mappings may run together, else
+        `LOCAL_UNRESERVED_CONCURRENCY`."""
         if self.reserved_concurrency:
             return self.reserved_concurrency
         mappings = [p for p in self.events("SQS").values() if str(p.get("Enabled", True)).lower() != "false"]
         if mappings:
             return sum(self.mapping_concurrency(properties) for properties in mappings)
-        kinds = {event.get("Type") for event in (self.properties.get("Events") or {}).values()}
-        if kinds and kinds <= {"Schedule", "ScheduleV2"}:
-            return LOCAL_SCHEDULE_CONCURRENCY
         return LOCAL_UNRESERVED_CONCURRENCY
 
     def events(self, event_type: str) -> dict[str, dict[str, Any]]:
@@ -216,6 +208,11 @@ def functions_from_template(template: dict[str, Any], root: Path | None = None) 
         if resource.get("Type") != "AWS::Serverless::Function":
             continue
         properties = function_properties(template, logical_id)
+        # The numbers the local stack runs a function by may name a parameter of the template
+        # (`ReservedConcurrentExecutions: !Ref ApiReservedConcurrency`): its default, as deployed.
+        for name in ("Timeout", "MemorySize", "ReservedConcurrentExecutions"):
+            if name in properties:
+                properties[name] = _parameter_default(template, properties[name])
         code_uri = properties.get("CodeUri")
         if not isinstance(code_uri, str):
             raise ValueError(f"{logical_id}: the local stack needs a local CodeUri path, got {code_uri!r}")
@@ -230,3 +227,13 @@ def functions_from_template(template: dict[str, Any], root: Path | None = None) 
             properties=properties,
         )
     return specs
+
+
+def _parameter_default(template: dict[str, Any], value: Any) -> Any:
+    """`{"Ref": "Param"}` -> the parameter's `Default`; any other value as it is."""
+    if isinstance(value, dict) and set(value) == {"Ref"}:
+        parameter = (template.get("Parameters") or {}).get(value["Ref"])
+        if parameter is None or "Default" not in parameter:
+            raise ValueError(f"the local stack needs a default for the parameter {value['Ref']!r}")
+        return parameter["Default"]
+    return value

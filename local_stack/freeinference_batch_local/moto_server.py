@@ -14,6 +14,8 @@ and guards the count of requests served that the stack's stats and the benches r
 The local stack does so by default: the stack is one Python process, and the GIL would otherwise
 put moto's work and every Lambda's on one core, so that each request's latency grows with the
 total load. The child exits when its stdin closes, that is, when the stack stops or dies.
+
+Both can inject AWS's failures into the service's calls (`aws_faults.py`, `LOCAL_AWS_FAULTS`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from freeinference_batch_local.aws_faults import FaultConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +82,13 @@ def _read_body(environ: dict[str, Any]) -> bytes:
 
 
 class MotoServer:
-    """`start()` returns the endpoint URL (http://127.0.0.1:PORT); `stop()` shuts it down."""
+    """`start()` returns the endpoint URL (http://127.0.0.1:PORT); `stop()` shuts it down.
+    `faults`: AWS's failures to inject (`aws_faults.py`); none by default."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultConfig | None = None) -> None:
         self.host = host
         self.port = port
+        self.faults = faults
         self.app: SerializedWsgiApp | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -99,7 +106,13 @@ class MotoServer:
         )
         from werkzeug.serving import BaseWSGIServer
 
-        from freeinference_batch_local import aws_limits, moto_expressions, moto_serialization, moto_transactions
+        from freeinference_batch_local import (
+            aws_faults,
+            aws_limits,
+            moto_expressions,
+            moto_serialization,
+            moto_transactions,
+        )
 
         moto_transactions.install()  # O(items touched) transactions instead of O(table size)
         moto_serialization.install()  # attribute values written as they are, not walked
@@ -121,7 +134,9 @@ class MotoServer:
                     self.backend_by_host[host] = super().get_backend_for_host(host)
                 return self.backend_by_host[host]
 
-        self.app = SerializedWsgiApp(RememberedRouting(create_backend_app))
+        # Inside the lock: the faults' random draws and moto's state follow the one order of requests.
+        faults = self.faults if self.faults is not None else aws_faults.FaultConfig()
+        self.app = SerializedWsgiApp(aws_faults.wrap(RememberedRouting(create_backend_app), faults))
 
         class OneAtATimeServer(BaseWSGIServer):
             # Callers wait in the kernel's accept queue, not on a thread each: room for all of them
@@ -160,8 +175,9 @@ class MotoProcess:
 
     START_TIMEOUT_SECONDS = 60.0
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", faults: FaultConfig | None = None) -> None:
         self.host = host
+        self.faults = faults
         self.endpoint_url = ""
         self._process: subprocess.Popen[str] | None = None
 
@@ -170,6 +186,13 @@ class MotoProcess:
         # enough, installed or not.
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        from freeinference_batch_local.aws_faults import FAULTS_ENV, SEED_ENV
+
+        # The child injects exactly these faults, with this seed (drawn here when none was given).
+        env.pop(FAULTS_ENV, None)
+        env.pop(SEED_ENV, None)
+        if self.faults is not None and self.faults.enabled:
+            env[FAULTS_ENV], env[SEED_ENV] = self.faults.describe(), str(self.faults.seed)
         self._process = subprocess.Popen(
             [sys.executable, "-m", "freeinference_batch_local.moto_server", "--host", self.host],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
@@ -214,7 +237,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    with MotoServer(host=args.host, port=args.port) as server:
+    from freeinference_batch_local.aws_faults import config_from_env
+
+    with MotoServer(host=args.host, port=args.port, faults=config_from_env()) as server:
         print(server.endpoint_url, flush=True)
         # The parent reads only that line: anything moto prints later goes to stderr, or a full
         # pipe would block moto while it holds its lock.

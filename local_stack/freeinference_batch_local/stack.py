@@ -14,6 +14,10 @@ CloudFormation would; the API routes, SQS event mappings and schedules are the f
 nested application of a local template (one per model, `model/template.yaml`) is expanded into
 the parent first (`local/template.py`): its resources are `Block/Resource`.
 
+`LOCAL_AWS_FAULTS` (and `LOCAL_AWS_FAULTS_SEED`) make its moto server inject AWS's failures into
+the service's calls (`aws_faults.py`): the functions, pollers and schedules run with
+`AWS_SDK_UA_APP_ID` set, which marks their calls, once the stack's own setup is done.
+
 Environment precedence: values that name a created resource (table names, queue URLs) always
 come from the stack; any other template variable already set in the environment (BATCH_*,
 UPSTREAM_*, ...) wins over its template default, which is how tests pass short durations.
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from freeinference_batch_local.aws_faults import FaultConfigError
 from freeinference_batch_local.handlers import (
     LOCAL_ACCOUNT_ID,
     LOCAL_REGION,
@@ -354,6 +359,7 @@ class LocalStack:
         self.env: dict[str, str] = {}
         self.moto_endpoint = ""
         self.moto: Any = None
+        self.faults: Any = None  # the AWS faults its moto server injects (aws_faults.FaultConfig)
         # In this process only for instruments that reach into moto (the benchmarks' diagnoses).
         self.moto_in_process = moto_in_process
         # False only for instruments that reach into the handlers or their boto3 clients (the
@@ -399,13 +405,19 @@ class LocalStack:
     def _start(self) -> None:
         import boto3
 
+        from freeinference_batch_local import aws_faults
         from freeinference_batch_local.apigw import ApiGatewayServer, routes_from_functions
         from freeinference_batch_local.moto_server import MotoProcess, MotoServer
 
         self._set_env(self.extra_env)
+        # Before anything starts: a bad LOCAL_AWS_FAULTS is refused with its reason.
+        self.faults = aws_faults.config_from_env()
+        # The stack's own setup below must not carry the service's mark, whatever the shell set.
+        self._unset_env(aws_faults.APP_ID_ENV)
         template = load_template(self.template_path)
 
-        self.moto = MotoServer(host=self.host) if self.moto_in_process else MotoProcess(host=self.host)
+        moto_class = MotoServer if self.moto_in_process else MotoProcess
+        self.moto = moto_class(host=self.host, faults=self.faults)
         self.moto_endpoint = self.moto.start()
         aws_env = {
             "AWS_ENDPOINT_URL": self.moto_endpoint,
@@ -462,14 +474,26 @@ class LocalStack:
         # The key the sample events carry, so `sam local invoke -e events/...` works against this stack.
         accounts.create_key(get_settings(), SAMPLE_EVENTS_ACCOUNT, tier="internal", key=SAMPLE_EVENTS_KEY)
 
+        # Setup done: from here on every client of the service's (its functions', pollers',
+        # schedules', and those of any process started with this environment) carries the mark the
+        # fault injector looks for; clients made before it (the setup's) do not.
+        service_mark = {aws_faults.APP_ID_ENV: aws_faults.SERVICE_APP_ID}
+        self._set_env(service_mark)
+        self.env.update(service_mark)
+        self._refresh_cached_config()
+        service_sqs = boto3.session.Session(
+            region_name=LOCAL_REGION, aws_access_key_id="test", aws_secret_access_key="test"
+        ).client("sqs", endpoint_url=self.moto_endpoint)
+
         self.functions = functions_from_template(template, self.root)
         self._warn_per_function_env(template)
+        # The environments start after the mark is set: they inherit it with the rest of os.environ.
         if self.isolated_functions:
             self._start_pools()
         else:
             for spec in self.functions.values():
                 _ = spec.handler  # import every handler now: a broken one fails the start, not a request
-        self._start_pollers(resources, clients["sqs"])
+        self._start_pollers(resources, service_sqs)
         self._wake_pollers_on_send()
         self._start_timers()
 
@@ -480,7 +504,9 @@ class LocalStack:
         if self.write_state_file:
             from freeinference_batch_local.state import write_state
 
-            write_state(self.env, self.base_url, self.state_dir)
+            # Without the mark: the admin CLI and tests apply this environment, and are not the service.
+            unmarked = {name: value for name, value in self.env.items() if name != aws_faults.APP_ID_ENV}
+            write_state(unmarked, self.base_url, self.state_dir)
             self.sam_env_file = write_sam_env(sam_env_vars(template, resources, self.env), self.state_dir)
             self._state_written = True
 
@@ -743,6 +769,9 @@ def run_local_stack() -> None:
             if error.errno != errno.EADDRINUSE:
                 raise
             log.error("cannot start the local stack: %s (set PORT to another port, or PORT=0 for any)", error)
+            raise SystemExit(1) from None
+        except FaultConfigError as error:
+            log.error("cannot start the local stack: %s", error)
             raise SystemExit(1) from None
         if not stop.is_set():
             line = f"FreeInference Batch local stack on {stack.base_url} — dev key: {stack.dev_key}\n"

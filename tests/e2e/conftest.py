@@ -255,7 +255,7 @@ def launch_stack(cwd: Path, **env_overrides: str) -> StackProcess:
     env = {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(("AWS_", "BATCH_", "UPSTREAM_", "POWERTOOLS_"))
+        if not name.startswith(("AWS_", "BATCH_", "UPSTREAM_", "POWERTOOLS_", "LOCAL_AWS_FAULTS"))
     }
     env.update(
         {

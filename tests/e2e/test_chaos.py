@@ -1,45 +1,78 @@
-"""Chaos on the local stack: transient upstream faults, duplicated messages and killed workers,
-all at once, and still every request ends once with exact counts and cost.
+"""Chaos on the local stack: AWS on a bad day and everything else at once, and still every request
+ends once with exact counts and cost.
 
-- 30% of the requests fail their first attempt with 503 (`[sim:fail=503*1]`);
-- BATCH_FAULT_DUPLICATE_RATE=0.2: a fifth of the messages the service sends are sent twice;
-- BATCH_FAULT_CRASH_RATE=0.05: at each of the worker's crash points (after the claim, after the
-  upstream call, after the settle) 5% of runs die as a killed Lambda would: no cleanup, the
-  message is not deleted; short leases let the sweep take such requests back quickly.
+At the same time:
+- AWS faults (`LOCAL_AWS_FAULTS`, see README "AWS faults"): DynamoDB throttles, 500s, lost answers
+  (applied, then re-sent by botocore), transaction conflicts and reads up to 1 s stale; SQS
+  duplicate deliveries and lost answers; S3 lost answers and 500s;
+- 30% of the requests fail their first attempt upstream with 503 (`[sim:fail=503*1]`);
+- BATCH_FAULT_CRASH_RATE: at each of the worker's crash points a few runs die as a killed Lambda
+  would (no cleanup, the message not deleted); short leases let the sweep take them back.
+
+2,000 requests in 4 batches of 2 accounts on 2 models: one batch is cancelled mid-run, one is
+deleted once it ends, and one create is sent twice with the same Idempotency-Key, as a client
+does whose answer was lost.
+
+The seed (`LOCAL_AWS_FAULTS_SEED`, printed) fixes the moto server's fault schedule for a given
+sequence of calls; the pollers' and workers' threads interleave differently from run to run, so
+a seed reproduces the faults' rates and kinds, not one run call for call.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import boto3
 import pytest
+import requests
 
 # tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
-from conftest import StackProcess, wait_for
+from conftest import Api, StackProcess, wait_for
 from freeinference_batch import clock
 from freeinference_batch.catalog import NANO_PER_USD, Catalog, load_catalog
 from freeinference_batch.store.accounts_table import usage_item_key
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch_local.upstream_sim import UpstreamSimulator
+from test_lifecycle import StoredState
 
-# 500 requests through a moto server that serves one call at a time: minutes on a busy 2-core machine.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
-MODEL = "glm-5.3-flash"
-REQUESTS = 500
-FAULTY_EVERY = 10  # positions 0, 3, 6 of every 10: 30% fail once
+MODELS = tuple(load_catalog().models)  # the two packaged models
+AWS_FAULTS = ("dynamodb.throttle=0.03,dynamodb.error=0.02,dynamodb.lost_answer=0.03,dynamodb.conflict=0.03,"
+              "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03,s3.lost_answer=0.03,s3.error=0.02")
+FINAL = ("completed", "failed", "expired", "cancelled")
+FAULTY_EVERY = 10  # positions 0, 3, 6 of every 10: 30% fail once upstream
 
 
-def _faulty(position: int) -> bool:
-    return position % FAULTY_EVERY in (0, 3, 6)
+class CountingApi(Api):
+    """An Api that retries a 503 after its Retry-After, as a client should, and remembers every
+    5xx it was answered (a 503 without Retry-After, or any other 5xx, is a failure of the test)."""
+
+    def __init__(self, base_url: str, key: str) -> None:
+        super().__init__(base_url, key, timeout=60.0)
+        self.server_errors: list[str] = []
+        self.retried_503 = 0
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        for _ in range(20):
+            answer = super().request(method, path, **kwargs)
+            if answer.status_code < 500:
+                return answer
+            if answer.status_code != 503 or "Retry-After" not in answer.headers:
+                self.server_errors.append(f"{method} {path}: {answer.status_code} {answer.text[:200]}")
+                return answer
+            self.retried_503 += 1
+            time.sleep(min(2.0, float(answer.headers["Retry-After"])))
+        return answer
 
 
 def _catalog(path: Path) -> Catalog:
-    """The packaged catalog with more batch slots per model, so 500 requests run in about a minute."""
+    """The packaged catalog with more batch slots per model, so 2,000 requests run in a few minutes."""
     data = json.loads(load_catalog().model_dump_json())
     for model in data["models"].values():
         model["batch_concurrency"] = 16
@@ -47,18 +80,29 @@ def _catalog(path: Path) -> Catalog:
     return Catalog.model_validate(data)
 
 
-def _usage_nano(stack: StackProcess, account_id: str, day: str) -> int:
-    env = json.loads(stack.state_file.read_text())["env"]
-    client = boto3.client(
-        "dynamodb",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )
-    answer = client.get_item(
-        TableName=env["ACCOUNTS_TABLE_NAME"], Key=usage_item_key(account_id, day), ConsistentRead=True
-    )
+def _lines(prefix: str, count: int, models: tuple[str, ...]) -> list[dict]:
+    return [
+        {"custom_id": f"{prefix}-{n}",
+         "body": {"model": models[n % len(models)],
+                  "messages": [{"role": "user", "content": f"Chaos {prefix} {n} [sim:latency=0.05]"
+                                + (" [sim:fail=503*1]" if n % FAULTY_EVERY in (0, 3, 6) else "")}]}}
+        for n in range(count)
+    ]
+
+
+def _cost_nano(catalog: Catalog, results: list[dict]) -> int:
+    total = 0
+    for result in results:
+        if result["status"] == "completed":
+            usage = result["response"]["body"]["usage"]
+            total += catalog.models[result["response"]["body"]["model"]].cost_nano(
+                usage["prompt_tokens"], usage["completion_tokens"])
+    return total
+
+
+def _usage_nano(store: StoredState, env: dict[str, str], account_id: str, day: str) -> int:
+    answer = store.dynamodb.get_item(TableName=env["ACCOUNTS_TABLE_NAME"], Key=usage_item_key(account_id, day),
+                                     ConsistentRead=True)
     return int((from_item(answer.get("Item")) or {}).get("cost_nano", 0))
 
 
@@ -71,74 +115,120 @@ def sim() -> Iterator[UpstreamSimulator]:
     simulator.stop()
 
 
-def test_faults_duplicates_and_crashes_leave_every_request_final_with_exact_counts_and_cost(start_stack, tmp_path, sim):
-    # Given a stack with every fault injected and short leases and schedules
+def _assert_exact(api: CountingApi, catalog: Catalog, batch: dict, lines: list[dict]) -> int:
+    """The batch's counts are what its results say, each request appears once, and its cost is
+    the sum of its completed requests'; answers that cost."""
+    results = api.results(batch["id"])
+    assert sorted(r["custom_id"] for r in results) == sorted(line["custom_id"] for line in lines)
+    assert len({r["id"] for r in results}) == len(lines)
+    by_status: dict[str, int] = {}
+    for result in results:
+        by_status[result["status"]] = by_status.get(result["status"], 0) + 1
+    counts = batch["request_counts"]
+    assert counts["total"] == len(lines)
+    assert counts["completed"] == by_status.get("completed", 0), (counts, by_status)
+    assert counts["failed"] == by_status.get("failed", 0), (counts, by_status)
+    cost = _cost_nano(catalog, results)
+    assert batch["cost_usd"] == round(cost / NANO_PER_USD, 9), (batch["cost_usd"], cost)
+    return cost
+
+
+def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at_once(start_stack, tmp_path, sim):
+    seed = int(os.environ.get("LOCAL_AWS_FAULTS_SEED") or random.randrange(1 << 31))
+    print(f"LOCAL_AWS_FAULTS={AWS_FAULTS} LOCAL_AWS_FAULTS_SEED={seed}")
+    # Given a stack with every fault on, short leases and schedules, and two accounts
     catalog = _catalog(tmp_path / "catalog.json")
-    stack = start_stack(
+    stack: StackProcess = start_stack(
         tmp_path,
         UPSTREAM_BASE_URL=sim.base_url,
         MODEL_CATALOG_PATH=str(tmp_path / "catalog.json"),
-        BATCH_FAULT_DUPLICATE_RATE="0.2",
-        BATCH_FAULT_CRASH_RATE="0.05",
+        LOCAL_AWS_FAULTS=AWS_FAULTS,
+        LOCAL_AWS_FAULTS_SEED=str(seed),
+        BATCH_FAULT_CRASH_RATE="0.02",
         BATCH_LEASE_SECONDS="2",
         BATCH_DISPATCH_LEASE_SECONDS="3",
         BATCH_SCHEDULE_SECONDS="0.5",
         BATCH_RETRY_BASE_SECONDS="0.05",
         BATCH_RETRY_MAX_SECONDS="0.5",
     )
-    api = stack.api()
-    items = [
-        {
-            "custom_id": f"c-{position}",
-            "body": {
-                "model": MODEL,
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": f"Chaos {position} [sim:latency=0.05]"
-                        + (" [sim:fail=503*1]" if _faulty(position) else ""),
-                    }
-                ],
-            },
-        }
-        for position in range(REQUESTS)
-    ]
-    answer = api.create_batch(items)
-    assert answer.status_code == 200, answer.text
-    batch_id = answer.json()["id"]
+    store = StoredState(stack)
+    env = json.loads(stack.state_file.read_text())["env"]
+    first = CountingApi(stack.base_url, stack.key)
+    second = CountingApi(stack.base_url, stack.create_key("chaos-b", tier="internal", concurrency=16))
 
-    # When it runs to its end
-    # (polled every 2 s: the local moto server serializes calls, and a tight poll would compete with the work)
-    final = wait_for(
-        lambda: (b := api.batch(batch_id))["status"] in ("completed", "failed", "expired", "cancelled") and b,
-        timeout=420,
-        interval=2.0,
-        message="the chaos batch to finish",
-    )
+    # When four batches run at once: one per account and model, one of both models to cancel
+    # mid-run, and one created twice with the same Idempotency-Key (its first answer "lost")
+    plan = {
+        "a": (first, _lines("a", 700, MODELS[:1])),
+        "b": (second, _lines("b", 700, MODELS[1:])),
+        "c": (first, _lines("c", 400, MODELS)),
+        "d": (second, _lines("d", 200, MODELS[:1])),
+    }
+    batches: dict[str, dict] = {}
+    for name, (api, lines) in plan.items():
+        headers = {"Idempotency-Key": f"chaos-{seed}-{name}"} if name == "d" else {}
+        answer = api.post("/batches", json={"requests": lines, "metadata": {"batch": name}}, headers=headers)
+        assert answer.status_code == 200, answer.text
+        batches[name] = answer.json()
+    again = second.post("/batches", json={"requests": plan["d"][1], "metadata": {"batch": "d"}},
+                        headers={"Idempotency-Key": f"chaos-{seed}-d"})
+    assert again.status_code == 200 and again.json()["id"] == batches["d"]["id"], again.text
+    assert again.headers.get("Idempotent-Replayed") == "true"
 
-    # Then every request succeeded exactly once, and the counts say so
-    assert final["status"] == "completed", final
-    assert final["request_counts"] == {"total": REQUESTS, "completed": REQUESTS, "failed": 0}
-    results = api.results(batch_id)
-    assert [r["custom_id"] for r in results] == [f"c-{p}" for p in range(REQUESTS)]
-    assert {r["status"] for r in results} == {"completed"}
-    assert len({r["id"] for r in results}) == REQUESTS
-    # And the cost is the sum of the per-result costs: each completed request charged once
-    cost_nano = 0
-    for result in results:
-        usage = result["response"]["body"]["usage"]
-        cost_nano += catalog.models[MODEL].cost_nano(usage["prompt_tokens"], usage["completion_tokens"])
-    assert final["cost_usd"] == round(cost_nano / NANO_PER_USD, 9)
-    # And the faults did happen: every faulty request was tried at least twice (a worker killed
-    # after its upstream call makes a request be tried once more)
-    tried = [sim.attempts_by_request.get(f"{batch_id}:{p}", 0) for p in range(REQUESTS)]
-    assert all(n >= (2 if _faulty(p) else 1) for p, n in enumerate(tried)), tried
-    assert sum(tried) >= REQUESTS + sum(map(_faulty, range(REQUESTS)))
-    # And the account's usage for the day grew by exactly that (the only batch on this stack)
-    assert _usage_nano(stack, "dev", clock.utc_day(final["completed_at"])) == cost_nano
-    # And it stays so: late duplicates and the sweep change nothing afterwards
-    deadline = time.monotonic() + 2.0
+    wait_for(lambda: first.batch(batches["c"]["id"])["request_counts"]["completed"] >= 40,
+             timeout=240, interval=1.0, message="batch c to be under way")
+    cancelled = first.post(f"/batches/{batches['c']['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] in ("cancelling", "cancelled"), cancelled.text
+
+    finals: dict[str, dict] = {}
+    for name, (api, _) in plan.items():
+        finals[name] = wait_for(lambda a=api, b=batches[name]["id"]: (x := a.batch(b))["status"] in FINAL and x,
+                                timeout=420, interval=2.0, message=f"batch {name} to finish")
+
+    # Then the three that ran to their end completed every request, and the cancelled one stopped
+    for name in ("a", "b", "d"):
+        assert finals[name]["status"] == "completed", finals[name]
+        assert finals[name]["request_counts"]["completed"] == len(plan[name][1]), finals[name]
+    assert finals["c"]["status"] == "cancelled", finals["c"]
+    assert 40 <= finals["c"]["request_counts"]["completed"] < len(plan["c"][1]), finals["c"]
+    assert finals["c"]["request_counts"]["failed"] == 0, finals["c"]
+
+    # And each batch's counts are what its results say, and its cost the sum of its requests'
+    costs = {name: _assert_exact(api, catalog, finals[name], plan[name][1]) for name, (api, _) in plan.items()}
+    # And every faulty request was tried at least twice: the upstream faults did happen
+    tried = [sim.attempts_by_request.get(f"{batches['a']['id']}:{p}", 0) for p in range(700)]
+    assert all(n >= (2 if p % FAULTY_EVERY in (0, 3, 6) else 1) for p, n in enumerate(tried)), tried
+
+    # And the deleted batch goes, items and objects, and nothing else does
+    assert second.delete(f"/batches/{batches['d']['id']}").status_code == 200
+    store.wait_until_purged(second, batches["d"]["id"], timeout=60)
+    for name in ("a", "b", "c"):
+        assert store.items(batches[name]["id"]), name
+
+    # And each account lists its own batches only, the deleted one no more
+    listed = {name: {b["id"] for b in api.get("/batches", params={"limit": 100}).json()["data"]}
+              for name, api in (("dev", first), ("chaos-b", second))}
+    assert listed == {"dev": {batches["a"]["id"], batches["c"]["id"]}, "chaos-b": {batches["b"]["id"]}}, listed
+
+    # And each account's day of usage is the sum over its batches, the deleted one's included
+    day = clock.utc_day(finals["a"]["created_at"])
+    assert all(clock.utc_day(f["completed_at"] or f["cancelled_at"]) == day for f in finals.values()), finals
+    assert _usage_nano(store, env, "dev", day) == costs["a"] + costs["c"]
+    assert _usage_nano(store, env, "chaos-b", day) == costs["b"] + costs["d"]
+
+    # And it stays so while the sweep runs on (every 0.5 s) and late duplicates arrive
+    deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
-        again = api.batch(batch_id)
-        assert again["request_counts"] == final["request_counts"] and again["cost_usd"] == final["cost_usd"]
-        time.sleep(0.2)
+        for name in ("a", "b", "c"):
+            api = plan[name][0]
+            assert api.batch(batches[name]["id"])["request_counts"] == finals[name]["request_counts"]
+        time.sleep(0.5)
+
+    # And no API answer was a 5xx other than 503 with Retry-After
+    assert not first.server_errors and not second.server_errors, first.server_errors + second.server_errors
+    # And the AWS faults did happen, each of them
+    injected = json.loads(stack.admin("faults").stdout)
+    print("faults injected:", json.dumps(injected, sort_keys=True), "503s retried:",
+          first.retried_503 + second.retried_503)
+    for spec in AWS_FAULTS.split(","):
+        assert injected[spec.split("=")[0]] > 0, (spec, injected)

@@ -279,7 +279,7 @@ def test_killed_workers_leave_the_batch_to_finish_with_exact_counts(start_stack,
     # Given workers that die at 30 % of their steps (after the claim, after the upstream call,
     # after the settle), short leases so the sweep takes their work back quickly, and room
     # for a single unfinished batch. A run dies before its settle about half the time, so with
-    # the default 8 attempts one of 12 requests would fail `run_interrupted` in about 5 % of
+    # the default 8 attempts one of 12 requests would fail (its runs interrupted) in about 5 % of
     # runs (CI met one): attempts enough that this test is about exact counts, not that limit
     # (test_worker_faults.py has its own test of it).
     stack = start_stack(

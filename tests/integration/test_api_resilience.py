@@ -164,3 +164,44 @@ def test_transact_reports_lasting_conflicts_as_transaction_conflict(monkeypatch)
         dynamo.transact([{}], attempts=3)
     assert fake.calls == 3 and isinstance(raised.value, TransactionFailed)
     assert json.dumps(raised.value.codes) == '["TransactionConflict", "None"]'
+
+
+# ---- AWS errors that outlast botocore's retries -------------------------------------------------
+
+
+def aws_error(code: str, status: int):
+    from botocore.exceptions import ClientError
+
+    def failing(*_args, **_kwargs):
+        raise ClientError({"Error": {"Code": code, "Message": "x"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                          "Query")
+
+    return failing
+
+
+@pytest.mark.parametrize("code,status", [("ThrottlingException", 400), ("ProvisionedThroughputExceededException", 400),
+                                         ("InternalServerError", 500), ("TransactionConflictException", 400)])
+def test_an_aws_error_that_outlasts_the_retries_is_503_with_retry_after(harness, monkeypatch, code, status):
+    answers = capture_answers(harness)
+    monkeypatch.setattr(BatchTable, "list_owner", aws_error(code, status))
+    status_code, body = harness.call("GET", "/v1/batches")
+    assert status_code == 503, body
+    assert body["error"]["code"] == "service_unavailable" and "retry" in body["error"]["message"].lower()
+    assert code not in body["error"]["message"]  # AWS's words stay in our logs
+    assert int(answers[-1]["headers"]["Retry-After"]) >= 1
+
+
+def test_a_broken_connection_to_aws_is_503(harness, monkeypatch):
+    from botocore.exceptions import EndpointConnectionError
+
+    def unreachable(*_args, **_kwargs):
+        raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    monkeypatch.setattr(BatchTable, "list_owner", unreachable)
+    assert harness.call("GET", "/v1/batches")[0] == 503
+
+
+def test_an_aws_error_that_is_our_own_mistake_stays_a_500(harness, monkeypatch):
+    monkeypatch.setattr(BatchTable, "list_owner", aws_error("ValidationException", 400))
+    status, body = harness.call("GET", "/v1/batches")
+    assert status == 500 and body["error"]["code"] == "internal_error", body

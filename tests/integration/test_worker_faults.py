@@ -77,7 +77,12 @@ def test_a_request_whose_every_run_dies_fails_after_the_attempt_limit(harness, m
     # Then after the third death it is not run again: it fails, its slots are free, the batch ends
     assert swept["interrupted"] == 1 and swept["recovered"] == 0 and swept["finalized"] == 1
     lines = results_by_id(harness, batch["id"])
-    assert lines["poison"]["status"] == "failed" and lines["poison"]["error"]["code"] == "run_interrupted"
+    # with a code of the spec's closed list (a server error after every retry), saying what happened
+    assert lines["poison"]["status"] == "failed"
+    assert lines["poison"]["error"] == {
+        "code": "upstream_error",
+        "message": "Each of the request's 3 runs stopped before it finished (the worker running it failed); "
+                   "it is not tried again"}
     assert lines["fine"]["status"] == "completed"
     final = harness.batch(batch["id"])
     assert final["status"] == "completed"
@@ -334,22 +339,44 @@ def test_non_finite_numbers_are_refused_at_create_naming_the_request(harness, co
      True),
     (b"<html>Bad gateway</html>", False),
     (b'["not", "an", "object"]', False),
+    (b"", False),
 ])
-def test_an_answer_that_is_not_a_json_object_fails_once_charged_for_what_it_served(harness, stub, answer, charged):
-    # Given an upstream whose 200 answer is not a JSON object we can keep
+def test_an_answer_that_is_not_a_json_object_is_a_server_error_retried_then_upstream_error(
+        harness, stub, answer, charged):
+    # Given an upstream whose 200 answer is not a JSON object (not a chat completion), and 3 attempts
+    harness.configure(BATCH_MAX_ATTEMPTS="3")
     stub.answer = answer
     batch = harness.create([sample_request("q-0", "Hello")])
-    # When the request runs
-    outcome = Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD)
-    # Then it fails at once with a clear error (no retry), charged once for the tokens reported
-    assert isinstance(outcome, Done)
+    message = message_for(harness, batch["id"], 0)
+    # When the request runs: it is retried like a 5xx, showing what went wrong meanwhile
+    for attempt in (1, 2):
+        assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Parked)
+        state = state_of(harness, batch["id"], 0)
+        assert (state["status"], state["attempts"]) == ("queued", attempt)
+        line = harness.results(batch["id"])[0]
+        assert line["status"] == "queued" and line["error"]["code"] == "upstream_error"
+    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)
+    # Then after every attempt it fails upstream_error (502), charged once for the tokens reported
     line = harness.results(batch["id"])[0]
     assert line["status"] == "failed" and line["error"]["code"] == "upstream_error"
-    assert "not valid JSON" in line["error"]["message"]
-    assert state_of(harness, batch["id"], 0)["attempts"] == 1 and len(stub.received) == 1
+    assert line["error"]["status"] == 502 and "not valid JSON" in line["error"]["message"]
+    assert state_of(harness, batch["id"], 0)["attempts"] == 3 and len(stub.received) == 3
     cost = load_catalog().models[MODEL].cost_nano(5, 7) if charged else 0
     assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == cost
     assert harness.batch(batch["id"])["status"] == "completed"
+
+
+def test_an_answer_too_large_to_keep_is_retried_like_a_5xx(harness, stub, monkeypatch):
+    monkeypatch.setattr(upstream_client, "MAX_RESPONSE_BYTES", 1000)
+    harness.configure(BATCH_MAX_ATTEMPTS="2")
+    stub.answer = json.dumps({"object": "chat.completion", "choices": [], "pad": "x" * 2000}).encode()
+    batch = harness.create([sample_request("q-0", "Hello")])
+    message = message_for(harness, batch["id"], 0)
+    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Parked)
+    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)
+    line = harness.results(batch["id"])[0]
+    assert (line["status"], line["error"]["code"], line["error"]["status"]) == ("failed", "upstream_error", 502)
+    assert "larger than 1000 bytes" in line["error"]["message"] and len(stub.received) == 2
 
 
 def test_an_answer_with_empty_object_keys_is_stored_and_read_back(harness, stub):
@@ -457,3 +484,35 @@ def test_a_request_that_ran_keeps_its_last_error_when_its_batch_is_cancelled(har
     line = harness.results(batch["id"])[0]
     assert line["status"] == "cancelled"
     assert line["error"]["code"] == "service_unavailable" and line["error"]["status"] == 503
+
+
+# ---------------------------------------------------------------- models a key may no longer use
+
+
+def test_a_model_the_owners_tier_may_no_longer_use_fails_model_not_found_without_an_upstream_call(
+        harness, stub, tmp_path):
+    # Given a catalog where a second tier may batch but may not use glm-5.3-flash, and a batch of
+    # the internal tier on both models
+    catalog = json.loads(load_catalog().model_dump_json())
+    catalog["batch_tiers"] = ["internal", "partner"]
+    catalog["models"][MODEL]["tiers"] = ["internal"]
+    catalog["models"]["qwen3.6-35b"]["tiers"] = ["internal", "partner"]
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(catalog))
+    harness.configure(MODEL_CATALOG_PATH=str(path))
+    stub.answer = json.dumps({"object": "chat.completion", "choices": [], "usage": {}}).encode()
+    batch = harness.create([sample_request("q-1"), sample_request("q-2", model="qwen3.6-35b")])
+    # When the account's tier changes mid-batch
+    accounts.set_account(harness.settings, ACCOUNT, tier="partner")
+    # Then the request on the model the tier may no longer use fails model_not_found, as the spec
+    # words it, without reaching the upstream; the other one runs
+    assert isinstance(Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
+    assert stub.received == []
+    assert isinstance(Worker(harness.settings).process(
+        message_for(harness, batch["id"], 1, model="qwen3.6-35b"), NO_RECORD), Done)
+    lines = results_by_id(harness, batch["id"])
+    assert lines["q-1"]["status"] == "failed"
+    assert lines["q-1"]["error"] == {"code": "model_not_found", "message": "Model 'glm-5.3-flash' not found",
+                                     "status": 404}
+    assert lines["q-2"]["status"] == "completed" and len(stub.received) == 1
+    assert harness.batch(batch["id"])["request_counts"] == {"total": 2, "completed": 1, "failed": 1}

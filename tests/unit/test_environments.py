@@ -387,13 +387,16 @@ def test_a_tick_that_waited_longer_than_the_event_age_is_dropped():
 
 
 def test_each_function_of_the_template_runs_up_to_its_concurrency():
-    from freeinference_batch_local.handlers import functions_from_template, repo_root
+    from freeinference_batch_local.handlers import LOCAL_UNRESERVED_CONCURRENCY, functions_from_template, repo_root
     from freeinference_batch_local.template import load_template
 
     functions = functions_from_template(load_template(repo_root() / "template.yaml"))
     caps = {logical_id: function.concurrency for logical_id, function in functions.items()}
-    # The workers: their reserved concurrency (= the mapping's MaximumConcurrency); the API, which
-    # reserves none: the local cap; the schedules: two overlapping runs
+    # Each its reserved concurrency, the API's named by a parameter of the template (its default)
     assert caps["GlmFlashModel/WorkerFunction"] == 8 and caps["Qwen35bModel/WorkerFunction"] == 8
-    assert caps["ApiFunction"] == 10
+    assert caps["ApiFunction"] == 50
     assert caps["ExpireFunction"] == caps["SweepFunction"] == caps["PurgeFunction"] == 2
+    # A function reserving none runs at most the local cap
+    unreserved = functions["ApiFunction"]
+    unreserved.properties.pop("ReservedConcurrentExecutions")
+    assert unreserved.concurrency == LOCAL_UNRESERVED_CONCURRENCY

@@ -13,8 +13,9 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from freeinference_batch import accounts, batches, results
+from freeinference_batch import accounts, aws, batches, results
 from freeinference_batch.errors import ApiError, NotFound, ServiceUnavailable
 from freeinference_batch.observability import logger
 from freeinference_batch.settings import get_settings
@@ -109,6 +110,18 @@ def handle_not_found(_: NotFoundError) -> Response:
     return _json(HTTPStatus.NOT_FOUND, NotFound(
         f"No route for {event.request_context.http.method} {event.path}; see /v1/batches",
         code="route_not_found").body())
+
+
+@app.exception_handler([ClientError, BotoCoreError])
+def handle_aws_error(error: Exception) -> Response:
+    if not aws.is_passing_failure(error):
+        return handle_unexpected(error)
+    # botocore has already retried it; the caller may, a moment later. A create retried with the
+    # same Idempotency-Key is stored once, whether or not this attempt stored it.
+    logger.warning("aws error after retries", exc_info=True)
+    return handle_api_error(ServiceUnavailable(
+        "The service's storage is busy at the moment; retry after the Retry-After seconds "
+        "(a create retried with the same Idempotency-Key is never stored twice)"))
 
 
 @app.exception_handler(Exception)

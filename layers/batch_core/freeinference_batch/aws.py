@@ -7,6 +7,7 @@ its moto server; nothing here needs to know whether it runs locally.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from functools import cache
 from typing import Any
@@ -14,15 +15,65 @@ from typing import Any
 import boto3
 from aws_lambda_powertools.utilities.parameters import SecretsProvider
 from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
 
 _lock = threading.Lock()
 _CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64)
+# A plain write to an item that a transaction is writing answers TransactionConflictException,
+# which botocore's retry modes do not retry (DynamoDB's documentation asks the caller to). It
+# was applied nowhere, so it is re-sent like a throttle: up to this many attempts in all, with
+# exponential backoff and full jitter.
+CONFLICT_ATTEMPTS = 6
+CONFLICT_BACKOFF_SECONDS = 0.02
+
+
+def retry_transaction_conflict(response: Any = None, attempts: int = 1, **_: Any) -> float | None:
+    """A `needs-retry` handler: the delay before re-sending a write that met a transaction, or
+    None (let botocore's own retry policy decide)."""
+    if not response or attempts >= CONFLICT_ATTEMPTS:
+        return None
+    code = (response[1] or {}).get("Error", {}).get("Code")
+    if code != "TransactionConflictException":
+        return None
+    return random.uniform(0, CONFLICT_BACKOFF_SECONDS * 2**attempts)
+
+
+# What AWS answers on a bad day, that the same call may not meet a moment later: throttling, a
+# server error, a write that met a transaction, a connection that broke.
+_PASSING_ERROR_CODES = frozenset({
+    "ThrottlingException", "ProvisionedThroughputExceededException", "RequestLimitExceeded", "Throttling",
+    "SlowDown", "TransactionConflictException", "TransactionInProgressException", "InternalServerError",
+    "InternalError", "ServiceUnavailable", "RequestTimeout", "RequestTimeoutException",
+})
+_PASSING_EXCEPTIONS = (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError, ConnectTimeoutError)
+
+
+def is_passing_failure(error: BaseException) -> bool:
+    """An AWS error that outlasted botocore's retries but says nothing about the call itself:
+    answered as `503` with Retry-After, never as the service's own fault."""
+    if isinstance(error, _PASSING_EXCEPTIONS):
+        return True
+    if not isinstance(error, ClientError):
+        return False
+    code = error.response.get("Error", {}).get("Code", "")
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    return code in _PASSING_ERROR_CODES or int(status) >= 500
 
 
 @cache
 def _client(service: str) -> Any:
     with _lock:  # boto3's default session is not thread-safe while it creates clients
-        return boto3.session.Session().client(service, config=_CONFIG)
+        client = boto3.session.Session().client(service, config=_CONFIG)
+    if service == "dynamodb":
+        # After botocore's own handler, which answers None for an error it does not retry.
+        client.meta.events.register("needs-retry.dynamodb", retry_transaction_conflict)
+    return client
 
 
 def dynamodb() -> Any:

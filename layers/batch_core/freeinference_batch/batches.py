@@ -7,6 +7,8 @@ import secrets
 import zlib
 from dataclasses import dataclass
 
+from botocore.exceptions import ClientError
+
 from freeinference_batch import accounts, clock, dispatch, idempotency, lifecycle, pages, validation, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.catalog import load_catalog
@@ -27,7 +29,11 @@ from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
 
-BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
+# Matched whole (fullmatch): `$` alone would also take a trailing newline.
+BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
+# A limit as the spec writes it: ASCII digits only. int() would also read "1_0", " +5 " and other
+# scripts' digits, which no documented client sends and openapi.yaml does not allow.
+LIMIT = re.compile(r"[0-9]+")
 # Retry-After of a write that conflicted with another one (they last milliseconds).
 BUSY_RETRY_AFTER_SECONDS = 1
 
@@ -54,6 +60,10 @@ def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
             raise BadRequest(f"The body is not valid {encoding} data") from None
         if len(out) > limit or inflater.unconsumed_tail:
             raise _too_large(limit)
+        if not inflater.eof:
+            # A stream cut short (no end of stream, or a gzip trailer missing or incomplete): its
+            # CRC and length were never checked, and what did arrive may be part of a batch.
+            raise BadRequest(f"The body is not complete {encoding} data: it ends before the end of its stream")
         return out
     if encoding != "identity":
         raise BadRequest(f"Content-Encoding {content_encoding!r} is not supported; send gzip or no encoding")
@@ -221,7 +231,7 @@ def visible_meta(meta: BatchRecord | None, account_id: str, now: float) -> bool:
 
 
 def owned_meta(settings: Settings, principal: Principal, batch_id: str) -> BatchRecord:
-    if BATCH_ID.match(batch_id or ""):
+    if BATCH_ID.fullmatch(batch_id or ""):
         meta = BatchTable(settings).get_meta(batch_id)
         if meta is not None and visible_meta(meta, principal.account_id, clock.now(settings.clock_offset_file)):
             return meta
@@ -233,15 +243,18 @@ def get_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
 
 
 def parse_limit(value: str | None, default: int, maximum: int) -> int:
-    if value is None or value == "":
+    """`limit` from the query: absent is the default; anything but ASCII digits (an empty value
+    included) is refused, naming the parameter."""
+    if value is None:
         return default
-    try:
-        limit = int(value)
-    except ValueError:
-        raise BadRequest(f"limit must be an integer from 1 to {maximum} (got {value[:40]!r})",
-                         param="limit") from None
+    if not LIMIT.fullmatch(value):
+        raise BadRequest(f"limit must be an integer from 1 to {maximum} in ASCII digits (got {value[:40]!r})",
+                         param="limit")
+    digits = value.lstrip("0")
+    # More digits than the maximum has is out of range (and int() refuses over 4300 digits).
+    limit = int(digits or "0") if len(digits) <= len(str(maximum)) else maximum + 1
     if not 1 <= limit <= maximum:
-        raise BadRequest(f"limit must be from 1 to {maximum} (got {limit})", param="limit")
+        raise BadRequest(f"limit must be from 1 to {maximum} (got {value[:40]})", param="limit")
     return limit
 
 
@@ -249,8 +262,8 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
     table = BatchTable(settings)
     now = clock.now(settings.clock_offset_file)
     start_key = None
-    if after:
-        if not BATCH_ID.match(after):
+    if after is not None:  # present, even empty: a cursor the caller meant to send
+        if not BATCH_ID.fullmatch(after):
             raise BadRequest(f"after must be a batch id such as a page's last_id (got {after[:100]!r})",
                              param="after")
         # From the id alone, in the caller's own list: the batch may have been deleted or purged
@@ -315,6 +328,10 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
     raise _busy("cancelling the batch")
 
 
+# Of the API's 29 s, what a delete spends deleting stored responses (about 10,000 a second).
+DELETE_RESPONSES_SECONDS = 15.0
+
+
 def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
     table = BatchTable(settings)
     meta = owned_meta(settings, principal, batch_id)
@@ -341,6 +358,15 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
     except TransactionFailed:
         raise Conflict(f"Batch {batch_id} changed while it was being deleted (a request may have started); "
                        "cancel it, wait for it to finish, then delete it", code="batch_running") from None
+    # After the batch is deleted (no new link to a response is given from now on), its stored
+    # responses go, so the links already given stop working now, not when they expire. Bounded
+    # within the API's 30 s; what is left (a batch of tens of thousands of stored responses) the
+    # purge, due at once, deletes with the rest of the batch.
+    try:
+        if not table.delete_responses(batch_id, DELETE_RESPONSES_SECONDS):
+            logger.warning("deleted batch's responses left for the purge", extra={"batch_id": batch_id})
+    except ClientError:  # the batch is deleted all the same: the purge deletes them
+        logger.exception("could not delete a deleted batch's responses", extra={"batch_id": batch_id})
     return DeletedBatch(id=batch_id).model_dump(mode="json")
 
 

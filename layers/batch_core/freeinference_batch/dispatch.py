@@ -22,8 +22,6 @@ def send(settings: Settings, messages: list[RequestMessage], delay_seconds: int 
     by_queue: dict[str, list[RequestMessage]] = defaultdict(list)
     for message in messages:
         by_queue[settings.model_queue_url(message.model)].append(message)
-        if settings.batch_fault_duplicate_rate and random.random() < settings.batch_fault_duplicate_rate:
-            by_queue[settings.model_queue_url(message.model)].append(message)  # chaos: at-least-once
     for queue_url, queued in by_queue.items():
         for start in range(0, len(queued), 10):
             entries = [

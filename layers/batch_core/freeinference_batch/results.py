@@ -9,12 +9,13 @@ from freeinference_batch import pages, views
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import owned_meta
 from freeinference_batch.errors import BadRequest
-from freeinference_batch.schemas import Page, RequestStatus
+from freeinference_batch.schemas import Page, RequestStatus, ResultResponse
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 
-RESULT_ID = re.compile(r"^batch_req_(\d{1,18})$")
+# Matched whole, in ASCII digits: `\d` would take other scripts' digits, `$` a trailing newline.
+RESULT_ID = re.compile(r"batch_req_([0-9]{1,18})")
 
 
 def result_id(meta: BatchRecord, position: int) -> str:
@@ -22,10 +23,11 @@ def result_id(meta: BatchRecord, position: int) -> str:
 
 
 def position_after(meta: BatchRecord, after: str | None) -> int:
-    """The position to start from: 0, or the one after the result `after` names."""
-    if not after:
+    """The position to start from: 0 without `after`, or the one after the result it names (an
+    empty `after` is refused: it names nothing)."""
+    if after is None:
         return 0
-    match = RESULT_ID.match(after)
+    match = RESULT_ID.fullmatch(after)
     if not match:
         raise BadRequest(f"after must be a result ID such as 'batch_req_42' (got {after[:100]!r})", param="after")
     position = int(match.group(1)) - meta.id_base
@@ -82,4 +84,5 @@ def _linked(table: BatchTable, state: dict | None, line: dict) -> dict:
     there is always an object to link to; a line that is somehow neither is left as it is."""
     if not state or "response_s3_key" not in state or not line.get("response"):
         return line
-    return {**line, "response": {**line["response"], "body": None, "body_url": table.response_url(state)}}
+    linked = ResultResponse.model_validate({**line["response"], "body": None, "body_url": table.response_url(state)})
+    return {**line, "response": linked.model_dump(mode="json")}

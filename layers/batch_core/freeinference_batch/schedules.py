@@ -163,8 +163,11 @@ def _send_next(settings: Settings, table: BatchTable, meta: BatchRecord, lane: d
 def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: dict, head: int, position: int,
                state: dict, runner: str | None, now: float, interrupted: bool) -> bool:
     """A worker died while running this request: back to queued, or, when every run of it died
-    (say, the worker ran out of memory on it), failed with `run_interrupted` and counted, its
+    (say, the worker ran out of memory on it), failed with `upstream_error` and counted, its
     chain moving past it; or it would take a worker down, and every request beside it, forever.
+    `upstream_error` because the spec's codes are a closed list clients switch on, and this is its
+    "another server error, after every retry"; the message says what happened. No `status`: no
+    HTTP answer stands behind it.
     Its slots are released and its run's chain freed (one running fewer). Conditional on the dead
     run's claim, so a late settle cannot also count."""
     claim = state.get("claim", "")
@@ -173,7 +176,7 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: di
         return False  # another run has the chain: not this request's dead run
     if interrupted:
         attempts = int(state.get("attempts", 0))
-        error = {"code": "run_interrupted",
+        error = {"code": "upstream_error",
                  "message": f"Each of the request's {attempts} runs stopped before it finished "
                             "(the worker running it failed); it is not tried again"}
         request = table.request_update_element(

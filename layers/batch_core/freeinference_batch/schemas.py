@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NamedTuple, NotRequired
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictStr,
+    model_serializer,
+)
 from typing_extensions import TypedDict
 
 
@@ -150,16 +158,43 @@ class BatchObject(BaseModel):
     error: dict[str, Any] | None = None
 
 
-class ResultError(BaseModel):
+class _OmitsNone(BaseModel):
+    """An answer whose fields named in OMITTED_WHEN_NONE are left out, not written null, when they
+    have no value (openapi.yaml leaves them out of `required`; tests/unit/test_openapi_models.py)."""
+
+    OMITTED_WHEN_NONE: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.OMITTED_WHEN_NONE:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class ResultError(_OmitsNone):
+    """The spec: a `code` and a `message`, "plus the HTTP `status` behind it when there was one".
+    An error no HTTP answer stands behind (the batch failed or expired first) has no `status` at
+    all, rather than `status: null`."""
+
+    OMITTED_WHEN_NONE = frozenset({"status"})
+
     code: str
     message: str
     status: int | None = None
 
 
-class ResultResponse(BaseModel):
+class ResultResponse(_OmitsNone):
+    """A completed request's answer. `body` is null only for an answer too big for any page, and
+    then `body_url` (present only then) serves it (results.py)."""
+
+    OMITTED_WHEN_NONE = frozenset({"body_url"})
+
     status_code: int
     request_id: str
-    body: dict[str, Any]
+    body: dict[str, Any] | None
+    body_url: str | None = None
 
 
 class ResultLine(BaseModel):

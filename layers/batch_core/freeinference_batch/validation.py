@@ -1,13 +1,14 @@
 """The rules a batch's requests must meet, shared by the API and the CLI's local check.
 
 Every error names the request at fault in the spec's form:
-`requests[1] (custom_id 'q-2'): Model 'no-such-model' not found`.
+`requests[1] (custom_id 'q-2'): Model 'no-such-model' not found`. An id is quoted by `quote`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,22 @@ MAX_JSON_VALUES = 5_000_000
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 Label = Callable[[int], str]
+
+# Ids longer than this are cut in messages (to QUOTE_MAX - 3 characters plus "..."): a message
+# names the request, it does not carry a 512-character id back.
+QUOTE_MAX = 64
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def quote(value: str) -> str:
+    """An id (custom_id, model) as a message shows it, the spec's `'q-2'`: in single quotes as
+    given (no escaping of quotes or backslashes, unlike repr), cut to 61 characters plus `...` when
+    over 64, with only control characters escaped (`\\n`, `\\r`, `\\t`, else `\\u0000`), so a
+    message stays one line of visible text."""
+    cut = len(value) > QUOTE_MAX
+    escaped = "".join(_SHORT_ESCAPES.get(ch) or (f"\\u{ord(ch):04x}" if unicodedata.category(ch) == "Cc" else ch)
+                      for ch in (value[:QUOTE_MAX - 3] if cut else value))
+    return f"'{escaped}{'...' if cut else ''}'"
 
 
 def requests_label(index: int) -> str:
@@ -65,8 +82,7 @@ def _describe(error: dict[str, Any]) -> str:
 def _prefix(label: Label, index: int, raw: Any) -> str:
     custom_id = raw.get("custom_id") if isinstance(raw, dict) else None
     if isinstance(custom_id, str):
-        shown = custom_id if len(custom_id) <= 80 else custom_id[:77] + "..."
-        return f"{label(index)} (custom_id {shown!r})"
+        return f"{label(index)} (custom_id {quote(custom_id)})"
     return label(index)
 
 
@@ -138,17 +154,17 @@ def check_requests(lines: list[dict], raw_requests: list[Any], catalog: Catalog,
         custom_id = line["custom_id"]
         if is_auto_model(model):
             where = _prefix(label, index, raw_requests[index])
-            raise BadRequest(f"{where}: Auto model {model!r} cannot be used in a batch; name a model ID")
+            raise BadRequest(f"{where}: Auto model {quote(model)} cannot be used in a batch; name a model ID")
         if catalog.model_for_tier(model, tier) is None:
             # Not allowed and not existing read the same: a key cannot probe for models.
             where = _prefix(label, index, raw_requests[index])
-            raise BadRequest(f"{where}: Model {model!r} not found", code="model_not_found")
+            raise BadRequest(f"{where}: Model {quote(model)} not found", code="model_not_found")
         if body.get("stream"):
             where = _prefix(label, index, raw_requests[index])
             raise BadRequest(f"{where}: body.stream must not be true; batch requests do not stream")
         if custom_id in seen:
             where = _prefix(label, index, raw_requests[index])
-            raise BadRequest(f"{where}: custom_id {custom_id!r} repeats {label(seen[custom_id])}; "
+            raise BadRequest(f"{where}: custom_id {quote(custom_id)} repeats {label(seen[custom_id])}; "
                              "custom_id must be unique within the batch")
         seen[custom_id] = index
         try:

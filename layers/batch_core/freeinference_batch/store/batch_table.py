@@ -27,9 +27,11 @@ import array
 import gzip
 import json
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -60,6 +62,9 @@ COUNTER_KEY = key("COUNTER", "RESULT_IDS")
 INLINE_RESPONSE_LIMIT = 300_000
 # How long a presigned URL of a stored response is valid.
 RESPONSE_URL_SECONDS = 3600
+# S3 lists and deletes at most 1,000 keys a call; a delete's pages go out this many at once.
+S3_KEYS_PER_CALL = 1000
+DELETE_THREADS = 8
 
 
 def batch_pk(batch_id: str) -> str:
@@ -247,8 +252,7 @@ class BatchTable:
 
     def _chunk_data(self, batch_id: str, number: int,
                     holding: Callable[[int], None] = lambda size: None) -> bytes:
-        answer = aws.dynamodb().get_item(TableName=self.name, Key=key(batch_pk(batch_id), chunk_sk(number)))
-        item = from_item(answer.get("Item"))
+        item = self._get_written_at_create(key(batch_pk(batch_id), chunk_sk(number)))
         if item is None:
             raise LookupError(f"input chunk {number} of {batch_id} is missing")
         if "data" in item:
@@ -261,13 +265,21 @@ class BatchTable:
         cached = _lane_positions.get((batch_id, model))
         if cached is not None:
             return cached
-        answer = aws.dynamodb().get_item(TableName=self.name, Key=key(batch_pk(batch_id), f"LANEPOS#{model}"))
-        item = from_item(answer.get("Item"))
+        item = self._get_written_at_create(key(batch_pk(batch_id), f"LANEPOS#{model}"))
         if item is None:
             raise LookupError(f"lane {model} of {batch_id} is missing")
         positions = decode_positions(item["positions"])
         _lane_positions.put((batch_id, model), positions)
         return positions
+
+    def _get_written_at_create(self, item_key: dict) -> dict | None:
+        """An item create wrote and nothing changes: an eventually consistent read (half the read
+        units) is the item itself, or nothing when it is younger than the replica's lag (a worker
+        reads a chunk a moment after create): only then is it read again, consistently."""
+        answer = aws.dynamodb().get_item(TableName=self.name, Key=item_key)
+        if "Item" not in answer:
+            answer = aws.dynamodb().get_item(TableName=self.name, Key=item_key, ConsistentRead=True)
+        return from_item(answer.get("Item"))
 
     def get_lanes(self, batch_id: str) -> list[dict]:
         """Each lane (`model`, `size`, `width`) with its chains' `heads` and dispatch `leases`,
@@ -300,11 +312,13 @@ class BatchTable:
     def iter_requests(self, batch_id: str, first: int, last: int) -> Iterator[tuple[int, dict]]:
         """(position, state) of the requests first..last (inclusive) that have a state, in position
         order, read a Query page (1 MB) at a time as the caller goes: a results page that stops at
-        its byte budget reads no further."""
+        its byte budget reads no further. Consistent: a page read after the batch's (consistent)
+        status must not show a request as running that the status counts as finished."""
         for item in query_all(
             TableName=self.name,
             KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
             ExpressionAttributeValues=values(pk=batch_pk(batch_id), lo=f"REQ#{first:09d}", hi=f"REQ#{last:09d}"),
+            ConsistentRead=True,
         ):
             yield int(item["sk"][4:]), item
 
@@ -498,9 +512,11 @@ class BatchTable:
     def purge(self, batch_id: str, s3_keys: list[str] | None = None) -> int:
         """Delete every item and object of a batch; META last, so a crash mid-way is retried.
         `s3_keys`: the batch's objects when the caller knows them all (else they are listed)."""
+        # Consistent: an item written in the last moments before the purge is deleted too.
         keys = [key(i["pk"], i["sk"]) for i in query_all(
             TableName=self.name, KeyConditionExpression="pk = :pk",
             ExpressionAttributeValues=values(pk=batch_pk(batch_id)), ProjectionExpression="pk, sk",
+            ConsistentRead=True,
         )]
         meta = meta_key(batch_id)
         others = [k for k in keys if k != meta]
@@ -511,6 +527,34 @@ class BatchTable:
         batch_write(self.name, deletes=others)
         batch_write(self.name, deletes=[meta] if meta in keys else [])
         return len(keys)
+
+    def delete_responses(self, batch_id: str, seconds: float) -> bool:
+        """Delete the batch's stored responses (only those too big for an item are in S3), so the
+        presigned links to them stop working: listed by the batch's prefix, 1,000 keys a page,
+        each page deleted by one DeleteObjects call, several at once. Bounded by `seconds`: False
+        when objects may be left, which the purge deletes (the batch is already deleted, so no
+        new link to them is given)."""
+        until = time.monotonic() + seconds
+        s3 = aws.s3()
+        paginator = s3.get_paginator("list_objects_v2")
+
+        def delete(keys: list[dict]) -> None:
+            s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+
+        complete = True
+        with ThreadPoolExecutor(max_workers=DELETE_THREADS) as pool:
+            deletes = []
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{batch_id}/responses/",
+                                           PaginationConfig={"PageSize": S3_KEYS_PER_CALL}):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    deletes.append(pool.submit(delete, keys))
+                if page.get("IsTruncated") and time.monotonic() > until:
+                    complete = False
+                    break
+            for done in deletes:
+                done.result()  # a failed delete raises: the batch is deleted, the purge retries them
+        return complete
 
     def _delete_objects(self, prefix: str) -> None:
         paginator = aws.s3().get_paginator("list_objects_v2")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import uuid
 
-from freeinference_batch import fairness, lifecycle
+from freeinference_batch import fairness, lifecycle, validation
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
@@ -60,8 +60,8 @@ class Claims:
         if verdict.kind == "no_access":
             return self.waiting.park_long(message, meta, ACCESS_WAIT_SECONDS, now)
         if verdict.kind == "no_model":
-            return self._fail_unrun(message, meta, now, {"code": "model_not_found", "status": 404,
-                                                         "message": f"Model {message.model!r} not found"})
+            gone = f"Model {validation.quote(message.model)} not found"
+            return self._fail_unrun(message, meta, now, {"code": "model_not_found", "status": 404, "message": gone})
         if verdict.capacity <= 0:
             return self.waiting.wait_for_slot(message, meta, record, now, None, None, 0)
 
@@ -145,7 +145,8 @@ class Claims:
         return Done()
 
     def _fail_unrun(self, message: RequestMessage, meta: BatchRecord, now: float, error: dict) -> Done:
-        """A request that can never run (its model left the catalog) fails without a claim."""
+        """A request that can never run (its model left the catalog, or the owner's tier may no longer
+        use it) fails without a claim."""
         try:
             transact(self.writes.fail_unrun(message, meta, error, now))
         except TransactionFailed:

@@ -120,7 +120,10 @@ class Gatekeeper:
                 accounts.OwnerStatus.NO_BATCH_ACCESS: "no_access"}.get(owner.status)
         if kind:
             return Verdict(kind, owner)
-        model = self.catalog.models.get(message.model)
+        # The model, as the owner's tier may use it now: a model that left the catalog and one the
+        # tier lost access to since the create read the same (model_not_found), as at create. The
+        # tier is the owner's as read above (at most OWNER_REUSE_SECONDS old): no read of its own.
+        model = self.catalog.model_for_tier(message.model, owner.tier)
         if model is None:
             return Verdict("no_model", owner)
         return Verdict("run", owner, model_backoff.capped(model.batch_capacity(gates.load), gates.backoff))

@@ -1,0 +1,56 @@
+"""docs/ARCHITECTURE.md names every module of the layer's package in its module table, and every
+top-level entry of the repository in its layout table: a newcomer reads there where things live,
+so a module or file added without a line there fails here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "layers/batch_core/freeinference_batch"
+DOC = REPO / "docs/ARCHITECTURE.md"
+
+
+def table(heading: str) -> list[tuple[list[str], str]]:
+    """(the backticked names of the first cell, the rest of the row) of each row of the table
+    under `heading`."""
+    text = DOC.read_text()
+    assert heading in text, f"{DOC.name} has no section {heading!r}"
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("|") or set(line) <= {"|", "-", " "}:
+            continue
+        first, _, rest = line.strip("|").partition("|")
+        rows.append((re.findall(r"`([^`]+)`", first), rest))
+    return rows
+
+
+def named_modules() -> set[str]:
+    """Module paths relative to the package the module table names: `x.py` in the first cell, or
+    `y.py` named in the row of a sub-package `sub/` (as `sub/y.py`)."""
+    names = set()
+    for first, rest in table("## Package `freeinference_batch`"):
+        for name in first:
+            if name.endswith("/"):
+                names.update(name + module for module in re.findall(r"`([\w]+\.py)`", rest))
+            names.add(name)
+    return names
+
+
+def test_the_module_table_names_every_module_of_the_layer():
+    modules = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+    assert len(modules) > 30
+    missing = sorted(modules - named_modules())
+    assert not missing, f"modules of the layer that docs/ARCHITECTURE.md's module table does not name: {missing}"
+
+
+def test_the_layout_table_names_every_top_level_entry_of_the_repository():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    entries = {path.split("/", 1)[0] for path in tracked.splitlines()} - {""}
+    entries = {entry for entry in entries if not entry.startswith(".")}
+    named = {name.split("/", 1)[0] for first, _ in table("## Layout") for name in first}
+    missing = sorted(entries - named)
+    assert not missing, f"top-level entries docs/ARCHITECTURE.md's layout table does not name: {missing}"

@@ -1,0 +1,38 @@
+"""A result line's `error`, without AWS: the spec's `{code, message}` "plus the HTTP `status` behind
+it when there was one", so an error with no HTTP answer behind it has no `status` at all (not null)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from freeinference_batch import views
+from freeinference_batch.schemas import BatchStatus
+from freeinference_batch.store.batch_record import BatchRecord
+
+BATCH_ID = "batch_0661c06624645981aee5cf6aa1916788"
+
+
+def record(status: BatchStatus) -> BatchRecord:
+    return BatchRecord(id=BATCH_ID, account_id="acct-1", key_hash="k", status=status, created_at=1, expires_at=2,
+                       window_seconds=1, total=1, id_base=1000, chunk_starts=[0], lane_widths={"m": 1}, ttl=3)
+
+
+@pytest.mark.parametrize(("batch_status", "code"), [(BatchStatus.FAILED, "batch_failed"),
+                                                    (BatchStatus.EXPIRED, "batch_expired")])
+def test_a_request_a_final_batch_never_ran_has_an_error_without_status(batch_status, code):
+    line = views.result_line(record(batch_status), "batch_req_1000", "q-1", None, None)
+    assert line["error"]["code"] == code
+    assert set(line["error"]) == {"code", "message"}
+
+
+def test_a_stored_error_without_an_http_answer_has_no_status():
+    state = {"status": "failed", "error": {"code": "upstream_error", "message": "Each run stopped"}}
+    line = views.result_line(record(BatchStatus.COMPLETED), "batch_req_1000", "q-1", state, None)
+    assert line["error"] == {"code": "upstream_error", "message": "Each run stopped"}
+
+
+def test_a_stored_error_with_an_http_answer_keeps_its_status():
+    state = {"status": "failed", "error": {"code": "invalid_request", "message": "bad", "status": Decimal(400)}}
+    line = views.result_line(record(BatchStatus.COMPLETED), "batch_req_1000", "q-1", state, None)
+    assert line["error"] == {"code": "invalid_request", "message": "bad", "status": 400}
