@@ -400,3 +400,33 @@ def test_each_function_of_the_template_runs_up_to_its_concurrency():
     unreserved = functions["ApiFunction"]
     unreserved.properties.pop("ReservedConcurrentExecutions")
     assert unreserved.concurrency == LOCAL_UNRESERVED_CONCURRENCY
+
+
+def test_a_stream_poller_invokes_its_function_in_the_functions_environments(make_pool):
+    # Given a table with a stream, and a stream poller given the function's pool (as the local
+    # stack gives the status-events function's)
+    from freeinference_batch_local.pollers import StreamPoller
+
+    with MotoServer() as moto:
+        session = boto3.session.Session(region_name="us-east-1", aws_access_key_id="test",
+                                        aws_secret_access_key="test")
+        dynamodb = session.client("dynamodb", endpoint_url=moto.endpoint_url)
+        table = dynamodb.create_table(
+            TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST",
+            StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"})["TableDescription"]
+        pool = make_pool(cap=1)
+        poller = StreamPoller(name="TestFunction", streams=session.client("dynamodbstreams",
+                                                                         endpoint_url=moto.endpoint_url),
+                              sqs=None, stream_arn=table["LatestStreamArn"], handler=pool, idle_sleep=0.05).start()
+        try:
+            # When items change
+            for value in ("a", "b"):
+                dynamodb.put_item(TableName="t", Item={"pk": {"S": "x"}, "v": {"S": value}})
+            # Then the function ran in an execution environment of its own, not in this process
+            wait_for(lambda: pool.stats()["invocations"] >= 1, what="an invocation of the stream's records")
+            assert poller.wait_idle(timeout=10)
+            assert pool.stats()["invocations"] == poller.stats()["invocations"] and not poller.stats()["errors"]
+            assert pool.pids() and os.getpid() not in pool.pids()
+        finally:
+            poller.stop(timeout=5)
