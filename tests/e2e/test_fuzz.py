@@ -71,7 +71,7 @@ schema.config.generation.update(max_examples=MAX_EXAMPLES)
 schema.config.phases.coverage.enabled = False
 # The paging operations also get the coverage phase: limits at and past their bounds, odd `after`s.
 paging = schemathesis.openapi.from_path(OPENAPI, config=SchemathesisConfig.from_path(CONFIG)).include(
-    operation_id=["listBatches", "listBatchResults"])
+    operation_id=["listBatches", "listBatchResults", "listWebhookEndpoints"])
 paging.config.generation.update(max_examples=MAX_EXAMPLES)
 paging.config.phases.coverage.unexpected_methods = set()
 paging.config.phases.fuzzing.enabled = False
