@@ -131,7 +131,29 @@ def failed_message_ids(response: Any, message_ids: list[str]) -> set[str] | None
     return failed
 
 
-class QueuePoller:
+class _InvocationsInFlight:
+    """What an event source counts of the invocations it has started: how many run now (under
+    `_lock`, whose condition `_idle` is told when one ends) and the most that ran at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._max_in_flight = 0
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no invocation is running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+
+class QueuePoller(_InvocationsInFlight):
     """One SQS event mapping: a queue, a worker handler, a batch size and a concurrency cap."""
 
     def __init__(
@@ -170,9 +192,7 @@ class QueuePoller:
         self._running = threading.Event()  # set = polling, cleared = paused
         self._running.set()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._in_flight = 0
+        super().__init__()
         self._counts = dict.fromkeys(
             (
                 "receives",
@@ -186,7 +206,6 @@ class QueuePoller:
             ),
             0,
         )
-        self._max_in_flight = 0
 
     # ---------------------------------------------------------------- control
 
@@ -219,16 +238,6 @@ class QueuePoller:
     def paused(self) -> bool:
         return not self._running.is_set()
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no invocation is running."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self._in_flight:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
-        return True
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -407,7 +416,7 @@ def scheduled_event(
     }
 
 
-class ScheduleTimer:
+class ScheduleTimer(_InvocationsInFlight):
     """Invokes `handler` every `interval` seconds (fixed rate), each tick asynchronously.
 
     As EventBridge does: a schedule's target is invoked asynchronously, so a tick whose previous
@@ -446,10 +455,7 @@ class ScheduleTimer:
         self._running = threading.Event()
         self._running.set()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._in_flight = 0
-        self._max_in_flight = 0
+        super().__init__()
         # Ticks waiting for a run to end: (when it was queued, monotonic; its event's time).
         self._queued: list[tuple[float, float]] = []
 
@@ -475,15 +481,6 @@ class ScheduleTimer:
     def resume(self) -> None:
         self._running.set()
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self._in_flight:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
-        return True
 
     def run_once(self) -> Any:
         """One run now, in the calling thread (tests); it may overlap a tick's run."""
