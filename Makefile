@@ -18,7 +18,15 @@ $(SAM):
 	$(PYTHON) -m venv .tools/sam
 	.tools/sam/bin/pip install -q aws-sam-cli
 
-install: $(VENV) $(SAM)
+# The console's browser tests (tests/e2e/test_console.py) drive Debian's Chromium through its
+# ChromeDriver: installed from the distribution's packages, never downloaded by a test at run time.
+CHROMEDRIVER := /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(CHROMEDRIVER):
+	$(SUDO) apt-get update -q
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium chromium-driver
+
+install: $(VENV) $(SAM) $(CHROMEDRIVER)
 
 test: install
 	.venv/bin/pytest -q
