@@ -350,14 +350,15 @@ class AwsCalls:
     def _wrap_handle_record(self, function: Any) -> Any:
         timings_of = self
 
-        def handle_record(worker_self: Any, record: dict, deadline: float | None = None) -> Any:
+        def handle_record(worker_self: Any, record: dict, deadline: float | None = None,
+                          invocation_seconds: float | None = None) -> Any:
             started = time.perf_counter()
             sent = float(record.get("attributes", {}).get("SentTimestamp", 0)) / 1000
             _local.upstream_seconds, _local.upstream_calls = 0.0, 0
             outcome = None
             with labelled("worker"):
                 try:
-                    outcome = function(worker_self, record, deadline)
+                    outcome = function(worker_self, record, deadline, invocation_seconds)
                     return outcome
                 finally:
                     seconds = time.perf_counter() - started

@@ -59,10 +59,10 @@ def diagnose(args: argparse.Namespace, directive: str) -> None:
         local.calls += 1
         return original_call(*a, **k)
 
-    def handle_record(self, record, deadline=None):
+    def handle_record(self, record, deadline=None, invocation_seconds=None):
         # A chain hands its slots over within its own batch, so every call in one record is its batch's.
         local.calls = 0
-        outcome = original_handle(self, record, deadline)
+        outcome = original_handle(self, record, deadline, invocation_seconds)
         batch_id = json.loads(record["body"]).get("batch_id", "?")
         with lock:
             steps.append((time.perf_counter(), batch_id, local.calls, getattr(outcome, "seconds", None)))

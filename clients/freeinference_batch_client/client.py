@@ -29,6 +29,7 @@ import gzip
 import json
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -58,8 +59,24 @@ except Exception:  # pragma: no cover - not installed as a distribution
 # ---- errors ---------------------------------------------------------------------------------
 
 
+# A URL's query string wherever a message holds one: a result's presigned link carries its
+# signature (and the signer's credential) there, and urllib3's error text repeats the full URL.
+_QUERY = re.compile(r"\?(?=[^\s'\"<>]*=)[^\s'\"<>)]*")
+# Signing parameters that slipped out of a URL (percent-decoded, or quoted in S3's error XML).
+_SIGNING = re.compile(r"(?i)\b(X-Amz-[A-Za-z-]+|Signature|AWSAccessKeyId)=[^&\s'\"<>)]*")
+
+
+def redact(text: str) -> str:
+    """`text` with every query string and signing parameter replaced, for printing."""
+    return _SIGNING.sub(r"\1=<redacted>", _QUERY.sub("?<redacted>", text))
+
+
 class BatchClientError(Exception):
-    """Anything the client raises about talking to the API."""
+    """Anything the client raises about talking to the API. Its text never holds a query string
+    (a presigned link's signature would be a credential for anyone reading the error)."""
+
+    def __init__(self, message: str = "", *args: Any) -> None:
+        super().__init__(redact(str(message)), *args)
 
 
 class BatchApiError(BatchClientError):
@@ -76,6 +93,7 @@ class BatchApiError(BatchClientError):
         body: Any = None,
         retry_after: float | None = None,
     ) -> None:
+        message = redact(message)
         super().__init__(f"{status} {code or 'error'}: {message}")
         self.status = status
         self.code = code
@@ -434,8 +452,10 @@ class BatchClient:
                 self._sleep(self._backoff(attempt))
                 attempt += 1
                 continue
-            raise BatchApiError(response.status_code, None,
-                                f"Fetching a result body failed: {(response.text or '')[:200]}")
+            # Only S3's error code: its XML may quote the signed request (credential, token).
+            code = re.search(r"<Code>([A-Za-z]+)</Code>", response.text or "")
+            raise BatchApiError(response.status_code, None, "Fetching a result body failed"
+                                + (f": {code.group(1)}" if code else f" (HTTP {response.status_code})"))
 
     def iter_results(self, batch_id: str, page_size: int = 1000) -> Iterator[ResultLine]:
         """Every result line of the batch, in submission order, paging as needed."""

@@ -7,6 +7,7 @@ come back, so SQS, not this function, does the waiting.
 """
 
 import asyncio
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,13 +43,17 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
     # A batch whose every message was parked is normal (all waiting for slots): report, don't raise.
     processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
     # Each record runs its request's chain while the invocation has time: leave room to answer.
-    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000
+    left = context.get_remaining_time_in_millis() / 1000
+    deadline = time.monotonic() + left
+    # The invocation's length is the function's timeout (a whole number of seconds), of which the
+    # runtime's start took a few milliseconds: the most a call may run is sized from the timeout.
+    invocation_seconds = float(math.ceil(left))
     with ThreadPoolExecutor(max_workers=max(1, min(RECORD_THREADS, len(event.get("Records", []))))) as executor:
 
         async def handle_record(record: SQSRecord) -> None:
             worker = Worker(get_settings(), memory_mb=context.memory_limit_in_mb)
             outcome = await asyncio.get_running_loop().run_in_executor(
-                executor, worker.handle_record, record.raw_event, deadline)
+                executor, worker.handle_record, record.raw_event, deadline, invocation_seconds)
             if not isinstance(outcome, Done):
                 raise MessageParked(record.message_id)
 

@@ -229,7 +229,14 @@ def _nested_resources(application: str, child: dict[str, Any], given: dict[str, 
             properties = _merge_globals(function_globals, properties)
         for key in _LOCAL_PATHS:
             if isinstance(properties.get(key), str) and "://" not in properties[key]:
-                properties[key] = os.path.relpath(child_dir / properties[key], base_dir) + "/"
+                local = os.path.relpath(child_dir / properties[key], base_dir)
+                # A child outside the parent's folder (a template written elsewhere naming the
+                # repo's model/template.yaml by its absolute path, as bench/_common.py does) keeps
+                # an absolute path: the functions' code is found relative to the repo root, which
+                # a path climbing out of another folder would not reach.
+                if local.startswith(os.pardir):
+                    local = os.path.normpath(child_dir / properties[key])
+                properties[key] = local + "/"
         if properties:
             resolved["Properties"] = properties
         resolved[NESTED_KEY] = application

@@ -5,6 +5,7 @@ batch object, results and list paging, and other accounts' batches reading as no
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -62,7 +63,7 @@ def keys(stack: StackProcess) -> dict[str, str]:
         "idle": stack.create_key("e2e-contract-idle", tier="internal", concurrency=0),
         "lister": stack.create_key("e2e-contract-lister", tier="internal", concurrency=0),
     }
-    stack.admin("revoke-key", made["revoked"])
+    stack.admin("revoke-key", "--hash", hashlib.sha256(made["revoked"].encode()).hexdigest())
     return made
 
 

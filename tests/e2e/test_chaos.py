@@ -42,7 +42,7 @@ from test_lifecycle import StoredState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
-MODELS = ("glm-5.3-flash", "qwen3.5-35b")
+MODELS = tuple(load_catalog().models)  # the two packaged models
 AWS_FAULTS = ("dynamodb.throttle=0.03,dynamodb.error=0.02,dynamodb.lost_answer=0.03,dynamodb.conflict=0.03,"
               "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03,s3.lost_answer=0.03,s3.error=0.02")
 FINAL = ("completed", "failed", "expired", "cancelled")

@@ -105,19 +105,36 @@ def test_create_key_requires_an_account(settings):
 # -- revoke-key --
 
 
-def test_revoke_key(settings):
+def test_revoke_key_reads_the_key_from_standard_input(settings):
     key = run("create-key", "--account", "acct-1").stdout.strip()
-    result = run("revoke-key", key)
+    result = CliRunner().invoke(main, ["admin", "revoke-key"], input=key + "\n", catch_exceptions=False)
     assert result.exit_code == 0
     assert result.stdout == ""
     state = accounts.owner_check(settings, accounts.hash_key(key), "acct-1")
     assert state.reason == "API key has been revoked"
 
 
+def test_revoke_key_by_its_hash(settings):
+    key = run("create-key", "--account", "acct-1").stdout.strip()
+    result = run("revoke-key", "--hash", accounts.hash_key(key).upper())
+    assert result.exit_code == 0
+    assert accounts.owner_check(settings, accounts.hash_key(key), "acct-1").reason == "API key has been revoked"
+
+
+def test_revoke_key_never_takes_the_key_on_the_command_line(settings):
+    # Shell history and `ps` keep a command line: the raw key is refused there
+    key = run("create-key", "--account", "acct-1").stdout.strip()
+    result = CliRunner().invoke(main, ["admin", "revoke-key", key])
+    assert result.exit_code == 2 and key not in result.output
+    assert "revoked" not in str(accounts.owner_check(settings, accounts.hash_key(key), "acct-1").reason)
+    assert run("revoke-key", "--hash", "not-a-hash").exit_code == 2
+
+
 def test_revoke_unknown_key_fails_clearly(settings):
-    result = run("revoke-key", "hyi-neverIssuedNeverIssued")
+    result = CliRunner().invoke(main, ["admin", "revoke-key"], input="hyi-neverIssuedNeverIssued\n")
     assert result.exit_code == 1
     assert "No such API key" in result.output
+    assert run("revoke-key", "--hash", "0" * 64).exit_code == 1
 
 
 # -- set-account --

@@ -90,6 +90,9 @@ class Recorder:
         self.named = {name: i for i, name in queue_names(template).items()}
         self.function: str | None = None
         self.calls: set[tuple[str, str, str]] = set()
+        # (function, action, resource, condition key, value): the leading key (pk) of each item a
+        # DynamoDB call touches, and the prefix of each S3 listing, for the statements' conditions.
+        self.keyed: set[tuple[str, str, str, str, str]] = set()
         self.operations: set[tuple[str, str]] = set()
 
     def logical(self, physical: str) -> str:
@@ -108,6 +111,33 @@ class Recorder:
             return
         for action, resource in self._needs(service, operation, params):
             self.calls.add((self.function, action, resource))
+        for action, resource, condition, value in self._keyed(service, operation, params):
+            self.keyed.add((self.function, action, resource, condition, value))
+
+    def _keyed(self, service: str, operation: str, params: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
+        if service == "s3" and operation == "ListObjectsV2":
+            yield "s3:ListBucket", self.logical(params["Bucket"]), "s3:prefix", params.get("Prefix", "")
+        if service != "dynamodb":
+            return
+
+        def pk(request: dict[str, Any]) -> str:
+            return (request.get("Key") or request.get("Item"))["pk"]["S"]
+
+        if operation == "TransactWriteItems":
+            for item in params["TransactItems"]:
+                ((kind, request),) = item.items()
+                yield TRANSACT_ACTIONS[kind], self.logical(request["TableName"]), "dynamodb:LeadingKeys", pk(request)
+        elif operation == "BatchGetItem":
+            for table, request in params["RequestItems"].items():
+                for item_key in request["Keys"]:
+                    yield "dynamodb:BatchGetItem", self.logical(table), "dynamodb:LeadingKeys", item_key["pk"]["S"]
+        elif operation == "BatchWriteItem":
+            for table, writes in params["RequestItems"].items():
+                for write in writes:
+                    ((_, request),) = write.items()
+                    yield "dynamodb:BatchWriteItem", self.logical(table), "dynamodb:LeadingKeys", pk(request)
+        elif operation in ("GetItem", "PutItem", "UpdateItem", "DeleteItem"):
+            yield ACTIONS[service, operation], self.logical(params["TableName"]), "dynamodb:LeadingKeys", pk(params)
 
     def _needs(self, service: str, operation: str, params: dict[str, Any]) -> Iterator[tuple[str, str]]:
         if service == "dynamodb" and operation == "TransactWriteItems":
@@ -190,6 +220,23 @@ def grants(template: dict[str, Any], logical_id: str) -> set[tuple[str, str]]:
             for action in actions:
                 assert "*" not in action, f"{logical_id}: wildcard action {action}"
                 out.update((action, name) for resource in resources for name in _resources(resource, template))
+    return out
+
+
+def statements(template: dict[str, Any], logical_id: str) -> list[tuple[set[str], list[str], dict[str, list[str]]]]:
+    """(actions, resource patterns, condition key -> StringLike patterns) of each statement."""
+    out = []
+    for policy in function_properties(template, logical_id).get("Policies", []):
+        for statement in policy["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            conditions: dict[str, list[str]] = {}
+            for operator, tests in (statement.get("Condition") or {}).items():
+                # Only the operators whose meaning this test knows: anything else fails it.
+                assert operator in ("StringLike", "ForAllValues:StringLike"), f"{logical_id}: condition {operator}"
+                for name, patterns in tests.items():
+                    conditions[name] = patterns if isinstance(patterns, list) else [patterns]
+            out.append((set(actions), [n for r in resources for n in _resources(r, template)], conditions))
     return out
 
 
@@ -431,3 +478,34 @@ def test_no_statement_lists_every_models_queue() -> None:
                 queues = {r["Fn::GetAtt"][0] for r in listed if isinstance(r, dict) and "Fn::GetAtt" in r
                           and template["Resources"][r["Fn::GetAtt"][0]]["Type"] == "AWS::SQS::Queue"}
                 assert queues <= {own.get(function)}, f"{function} lists queues {sorted(queues)}"
+
+
+def test_each_statements_conditions_allow_the_keys_and_prefixes_its_function_touches(harness, recorder, monkeypatch):
+    # Given the scenario's calls, each with the leading key (pk) of every item and the prefix of
+    # every S3 listing it touched
+    run_scenario(harness, recorder, monkeypatch)
+    template = load_template(TEMPLATE)
+    assert recorder.keyed
+    for function, action, resource, condition, value in sorted(recorder.keyed):
+        # Then some statement granting the call also lets its condition through (a statement
+        # without that condition key lets everything through)
+        fits = [conditions for actions, patterns, conditions in statements(template, function)
+                if action in actions and any(fnmatch.fnmatchcase(resource, p) for p in patterns)]
+        assert any(condition not in conditions or any(fnmatch.fnmatchcase(value, p) for p in conditions[condition])
+                   for conditions in fits), f"{function}: {action} on {resource} with {condition} {value!r} is refused"
+
+
+def test_writes_to_the_accounts_table_and_bucket_listings_are_limited_to_their_partitions_and_prefixes():
+    # The accounts table holds the API keys (KEY#): no function may write one (only the admin
+    # CLI does), so each write statement names the partitions its function writes; and a listing
+    # of the payload bucket is limited to the batches' prefixes.
+    template = load_template(TEMPLATE)
+    for function in resources_of_type(template, "AWS::Serverless::Function"):
+        for actions, resources, conditions in statements(template, function):
+            writes = actions & {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
+                                "dynamodb:BatchWriteItem"}
+            if writes and "AccountsTable" in resources:
+                keys = conditions.get("dynamodb:LeadingKeys")
+                assert keys and not any(fnmatch.fnmatchcase("KEY#x", k) for k in keys), (function, sorted(writes))
+            if "s3:ListBucket" in actions:
+                assert conditions.get("s3:prefix"), function

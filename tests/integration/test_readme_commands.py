@@ -47,6 +47,8 @@ def readme_commands(text: str) -> list[list[str]]:
             pending = ""
             while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
                 argv = argv[1:]  # `NAME=value command ...`: the environment of one command
+            # `< file` / `> file`: the shell's redirections, not the command's arguments
+            argv = [a for i, a in enumerate(argv) if a not in ("<", ">") and (i == 0 or argv[i - 1] not in ("<", ">"))]
             if argv:
                 commands.append(argv)
     assert not pending, f"unterminated command in README: {pending!r}"
@@ -92,6 +94,9 @@ def check_aws(args: list[str]) -> None:
     assert operation in by_cli_name, f"aws {service} has no command {operation}"
     members = model.operation_model(by_cli_name[operation]).input_shape.members
     accepted = {"--" + re.sub(r"(?<!^)(?=[A-Z])", "-", member).lower() for member in members}
+    # The CLI's `--no-<flag>` of a boolean member (`--no-deletion-protection-enabled`)
+    accepted |= {"--no-" + re.sub(r"(?<!^)(?=[A-Z])", "-", member).lower()
+                 for member, shape in members.items() if shape.type_name == "boolean"}
     unknown = set(names) - accepted - AWS_GLOBAL_OPTIONS
     assert not unknown, f"aws {service} {operation} takes no {sorted(unknown)}"
 

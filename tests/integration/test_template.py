@@ -602,3 +602,22 @@ def test_the_readme_sizing_table_is_the_catalog_rule() -> None:
         assert row == derived, f"README row {row[0]}: it is {derived}"
     words = " ".join(section.split())
     assert "needs a quota increase first" in words and "admin --stack-name … preflight" in words
+
+
+def test_the_upstream_timeout_fits_the_worker_invocation(template: dict[str, Any],
+                                                         functions: dict[str, dict[str, Any]]) -> None:
+    # What a deployed stack uses is the template's parameter: its default is the settings' default
+    # (what the interactive endpoint allows), and its most is what a worker invocation can give one
+    # call: the worker's Timeout less the settle time at each end (call_budget.longest_call).
+    parameter = template["Parameters"]["UpstreamTimeoutSeconds"]
+    defaults = Settings()  # type: ignore[call-arg]
+    assert parameter["Default"] == defaults.batch_upstream_timeout_seconds == 600
+    workers = {i: p for i, p in functions.items() if _events_of_type(p, "SQS")}
+    assert workers
+    for logical_id, properties in workers.items():
+        assert parameter["MaxValue"] == properties["Timeout"] - 2 * defaults.batch_settle_seconds, logical_id
+    # A running request's lease outlasts the longest call and its settle, so the sweep never takes
+    # back a live call, at the default and at the most the parameter allows
+    for timeout in (parameter["Default"], parameter["MaxValue"]):
+        config = Settings(BATCH_UPSTREAM_TIMEOUT_SECONDS=str(timeout))  # type: ignore[call-arg]
+        assert config.lease_seconds >= timeout + config.batch_settle_seconds

@@ -427,9 +427,13 @@ def test_a_chain_without_time_for_another_request_sends_its_next_message(harness
     sim, _ = upstream
     batch = harness.create([sample_request(f"q-{n}", f"Short of time {n}") for n in range(8)])
     queued = queued_messages(harness)
-    # When the invocation has less time left than one more upstream call needs
-    too_little = harness.settings.batch_upstream_timeout_seconds + 10
-    outcome = worker.process(message_for(harness, batch["id"], 0), NO_RECORD, deadline=time.monotonic() + too_little)
+    # When a 900 s invocation has time for the message's request (a quick answer) but less left than
+    # a hand-over needs: a call that would get the whole timeout (10 s) after the settle time
+    harness.configure(BATCH_UPSTREAM_TIMEOUT_SECONDS=10)
+    worker = Worker(harness.settings)
+    too_little = harness.settings.batch_settle_seconds + 5
+    outcome = worker.process(message_for(harness, batch["id"], 0), NO_RECORD, deadline=time.monotonic() + too_little,
+                             invocation_seconds=900)
     # Then only the message's own request ran, and the chain goes on by a new message
     assert isinstance(outcome, Done)
     assert attempts(sim, batch["id"], 0) == 1 and attempts(sim, batch["id"], 4) == 0

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, MutableMapping
@@ -180,14 +182,32 @@ def create_key_command(
 
 
 @admin.command("revoke-key")
-@click.argument("key")
+@click.option("--hash", "key_hash", default=None, metavar="SHA256",
+              help="The key's SHA-256 (64 hex digits), as stored, instead of the key itself")
+@click.argument("given", required=False, metavar="")
 @click.pass_context
 @_clear_errors
-def revoke_key_command(ctx: click.Context, key: str) -> None:
-    """Revoke an API key: calls with it get 401 and its unfinished batches fail."""
-    if not accounts.revoke_key(_settings(ctx), key):
+def revoke_key_command(ctx: click.Context, key_hash: str | None, given: str | None) -> None:
+    """Revoke an API key: calls with it get 401 and its unfinished batches fail.
+
+    The key is read from standard input (`... revoke-key < key.txt`, or typed at a hidden prompt),
+    never from the command line, where shell history and `ps` would keep it; or give its hash."""
+    if given is not None:  # (not echoed: it is already in the shell's history)
+        raise click.UsageError("revoke-key does not take the key on the command line (shell history and `ps` "
+                               "keep it): give it on standard input, or its SHA-256 with --hash")
+    settings = _settings(ctx)
+    if key_hash is not None:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", key_hash):
+            raise click.BadParameter("not a SHA-256 in hex (64 hex digits)", param_hint="--hash")
+        found, shown = accounts.revoke_key_hash(settings, key_hash), f"with hash {key_hash[:12].lower()}..."
+    else:
+        key = (click.prompt("API key", hide_input=True) if sys.stdin.isatty() else sys.stdin.readline()).strip()
+        if not key:
+            raise click.UsageError("Give the key on standard input (or its SHA-256 with --hash)")
+        found, shown = accounts.revoke_key(settings, key), key[:8] + "..."
+    if not found:
         raise click.ClickException("No such API key")
-    click.echo(f"revoked key {key[:8]}...", err=True)
+    click.echo(f"revoked key {shown}", err=True)
 
 
 @admin.command("set-account")

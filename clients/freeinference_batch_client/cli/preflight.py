@@ -63,11 +63,15 @@ class Concurrency:
 
 
 def template_reserved_concurrency(template: dict[str, Any]) -> dict[str, int]:
-    """Function logical id -> ReservedConcurrentExecutions, for the functions that reserve."""
+    """Function logical id -> ReservedConcurrentExecutions, for the functions that reserve (a
+    reservation given by a parameter, as the API's, counts at the parameter's default)."""
+    parameters = template.get("Parameters") or {}
     out = {}
     for logical_id, resource in (template.get("Resources") or {}).items():
         if resource.get("Type") in ("AWS::Serverless::Function", "AWS::Lambda::Function"):
             reserved = (resource.get("Properties") or {}).get("ReservedConcurrentExecutions")
+            if isinstance(reserved, dict) and set(reserved) == {"Ref"}:
+                reserved = parameters[reserved["Ref"]]["Default"]
             if reserved is not None:
                 out[logical_id] = int(reserved)
     return out

@@ -171,8 +171,13 @@ def create_key(
 
 def revoke_key(settings: Settings, key: str) -> bool:
     """Revoke a key (given raw); False if no such key exists. Revoking twice is harmless."""
+    return revoke_key_hash(settings, hash_key(key))
+
+
+def revoke_key_hash(settings: Settings, key_hash: str) -> bool:
+    """Revoke a key by its SHA-256 (hex), as stored: an operator need not hold the raw key."""
     at = int(clock.now(settings.clock_offset_file))
-    return accounts_table.revoke_key(settings, hash_key(key), at=at)
+    return accounts_table.revoke_key(settings, key_hash.lower(), at=at)
 
 
 def set_account(

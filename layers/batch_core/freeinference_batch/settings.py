@@ -29,7 +29,16 @@ class Settings(BaseSettings):
     batch_max_attempts: int = Field(8, alias="BATCH_MAX_ATTEMPTS", ge=1)
     batch_retry_base_seconds: float = Field(2.0, alias="BATCH_RETRY_BASE_SECONDS", ge=0)
     batch_retry_max_seconds: float = Field(300.0, alias="BATCH_RETRY_MAX_SECONDS", ge=0)
-    batch_upstream_timeout_seconds: float = Field(120.0, alias="BATCH_UPSTREAM_TIMEOUT_SECONDS", gt=0)
+    # One upstream call: what the interactive endpoint allows (reasoning answers of several minutes
+    # are normal), cut to what the worker invocation has left (call_budget.py).
+    batch_upstream_timeout_seconds: float = Field(600.0, alias="BATCH_UPSTREAM_TIMEOUT_SECONDS", gt=0)
+    # Kept at a worker invocation's end to settle after a call (and, for the most a call may run,
+    # as much at its start for a record to reach its call): call_budget.py.
+    batch_settle_seconds: float = Field(30.0, alias="BATCH_SETTLE_SECONDS", gt=0)
+    # A chain runs its next request in the same invocation while that call would get at least this
+    # long (or the most a call may run, if less); else it leaves by a message, and the request
+    # starts a fresh invocation. 120: as long as chains handed over when 120 s was the timeout.
+    batch_handover_min_call_seconds: float = Field(120.0, alias="BATCH_HANDOVER_MIN_CALL_SECONDS", gt=0)
     # How long a running request's lease lasts before recovery may take it back.
     batch_lease_seconds: float = Field(0, alias="BATCH_LEASE_SECONDS", ge=0)
     # How often the local stack fires the schedules (on AWS the template's rates apply).

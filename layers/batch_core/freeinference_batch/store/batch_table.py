@@ -27,9 +27,11 @@ import array
 import gzip
 import json
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -60,6 +62,9 @@ COUNTER_KEY = key("COUNTER", "RESULT_IDS")
 INLINE_RESPONSE_LIMIT = 300_000
 # How long a presigned URL of a stored response is valid.
 RESPONSE_URL_SECONDS = 3600
+# S3 lists and deletes at most 1,000 keys a call; a delete's pages go out this many at once.
+S3_KEYS_PER_CALL = 1000
+DELETE_THREADS = 8
 
 
 def batch_pk(batch_id: str) -> str:
@@ -522,6 +527,34 @@ class BatchTable:
         batch_write(self.name, deletes=others)
         batch_write(self.name, deletes=[meta] if meta in keys else [])
         return len(keys)
+
+    def delete_responses(self, batch_id: str, seconds: float) -> bool:
+        """Delete the batch's stored responses (only those too big for an item are in S3), so the
+        presigned links to them stop working: listed by the batch's prefix, 1,000 keys a page,
+        each page deleted by one DeleteObjects call, several at once. Bounded by `seconds`: False
+        when objects may be left, which the purge deletes (the batch is already deleted, so no
+        new link to them is given)."""
+        until = time.monotonic() + seconds
+        s3 = aws.s3()
+        paginator = s3.get_paginator("list_objects_v2")
+
+        def delete(keys: list[dict]) -> None:
+            s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+
+        complete = True
+        with ThreadPoolExecutor(max_workers=DELETE_THREADS) as pool:
+            deletes = []
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{batch_id}/responses/",
+                                           PaginationConfig={"PageSize": S3_KEYS_PER_CALL}):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    deletes.append(pool.submit(delete, keys))
+                if page.get("IsTruncated") and time.monotonic() > until:
+                    complete = False
+                    break
+            for done in deletes:
+                done.result()  # a failed delete raises: the batch is deleted, the purge retries them
+        return complete
 
     def _delete_objects(self, prefix: str) -> None:
         paginator = aws.s3().get_paginator("list_objects_v2")

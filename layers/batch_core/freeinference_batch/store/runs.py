@@ -117,9 +117,11 @@ class RunWrites:
         ]
 
     def settle(self, message: RequestMessage, token: str, now: float, *, status: str, error: dict | None = None,
-               stored: dict | None = None, cost_nano: int = 0, lease_until: float | None = None) -> dict:
+               stored: dict | None = None, cost_nano: int = 0, lease_until: float | None = None,
+               give_back_attempt: bool = False) -> dict:
         """The request's own update when its run ends: final (completed or failed), or queued again
-        for a retry at `lease_until`; conditional on the run's claim."""
+        for a retry at `lease_until`; conditional on the run's claim. `give_back_attempt`: the run
+        does not count as an attempt (its claim added one)."""
         names = {"#status": "status"}
         named: dict[str, Any] = {"status": status, "token": token, "running": RequestStatus.RUNNING}
         sets = ["#status = :status"]
@@ -142,13 +144,22 @@ class RunWrites:
         if cost_nano:
             sets.append("cost_nano = :cost")
             named["cost"] = cost_nano
+        adds = ""
+        if give_back_attempt:
+            adds = " ADD attempts :minus_one"
+            named["minus_one"] = -1
         # The claim stays, so that this very write, re-sent by botocore after its answer was lost,
         # finds its own earlier success (claim and status as it left them) and writes the same
         # again, instead of taking it for a lost claim. A later claim replaces the token, and the
         # sweep's take-back removes it: after either, a late re-send fails as it must.
+        # An attempt given back is an ADD, which must apply once: that settle stays conditional
+        # on the run (it is only ever written in a leave's transaction, whose re-send botocore
+        # makes with the same ClientRequestToken).
+        condition = ("#status = :running AND claim = :token" if give_back_attempt
+                     else "claim = :token AND #status IN (:running, :status)")
         return self.table.request_update_element(
-            message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}",
-            "claim = :token AND #status IN (:running, :status)", names=names, **named)
+            message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}{adds}",
+            condition, names=names, **named)
 
     def flush(self, batch_id: str, account_id: str, tally: Tally, runner: str | None, now: float,
               lease_until: float, *, stop: bool = False) -> list[dict]:

@@ -35,11 +35,13 @@ expired lease. Slots are capacity, not counts: a slot a dead worker held expires
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable
 
 from pydantic import ValidationError
 
 from freeinference_batch import clock, dispatch, upstream
+from freeinference_batch.call_budget import Invocation, call_budget
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage
@@ -58,6 +60,8 @@ from freeinference_batch.worker.settling import Settler
 from freeinference_batch.worker.waiting import WaitingRoom
 
 UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
+# A call the invocation leaves less than this for is not started: it runs in a fresh invocation.
+LEAST_CALL_SECONDS = 1.0
 FRESH_COPY_AFTER_RECEIVES = 500
 
 
@@ -84,18 +88,21 @@ class Worker:
     def _maybe_crash(self, step: str) -> None:
         maybe_crash(self.settings, step)
 
-    def handle_record(self, record: dict, deadline: float | None = None) -> Done | Parked:
+    def handle_record(self, record: dict, deadline: float | None = None,
+                      invocation_seconds: float | None = None) -> Done | Parked:
         """One SQS record (the raw Lambda event record); Done means delete the message.
 
         `deadline` (time.monotonic()) is when the invocation times out; without one, each
-        message runs its one request and the chain goes on by a new message."""
+        message runs its one request and the chain goes on by a new message.
+        `invocation_seconds`: the invocation's whole length (the function's timeout), which sizes
+        the most a call may run (call_budget.py); by default what is left now."""
         try:
             message = RequestMessage.model_validate_json(record["body"])
         except ValidationError:
             logger.error("dropping a message that is not a request message", extra={"message_id": record["messageId"]})
             return Done()
         try:
-            outcome = self.process(message, record, deadline)
+            outcome = self.process(message, record, deadline, invocation_seconds)
         except Exception:
             # Nothing was settled; try again shortly (a claim left behind is recovered by its lease).
             logger.exception("request failed unexpectedly", extra={"batch_id": message.batch_id,
@@ -113,24 +120,35 @@ class Worker:
             dispatch.park(self.settings, message.model, record["receiptHandle"], outcome.seconds)
         return outcome
 
-    def process(self, message: RequestMessage, record: dict, deadline: float | None = None) -> Done | Parked:
+    def process(self, message: RequestMessage, record: dict, deadline: float | None = None,
+                invocation_seconds: float | None = None) -> Done | Parked:
         """Run the message's request and, while the deadline allows, the rest of its chain."""
+        invocation = None if deadline is None else Invocation(
+            deadline, invocation_seconds if invocation_seconds is not None else deadline - time.monotonic())
         step = self.claims.claim(message, record, self.now())
         while isinstance(step, Claimed):
-            step = self._run(step, deadline)
+            step = self._run(step, invocation)
         return step
 
-    def _run(self, claimed: Claimed, deadline: float | None) -> Done | Parked | Claimed:
+    def _run(self, claimed: Claimed, invocation: Invocation | None) -> Done | Parked | Claimed:
         message, meta = claimed.message, claimed.meta
         self._maybe_crash("after claim")
         metric("RequestsRun")
         # The body and the response are dropped once settled: a large one holds its permit till then.
         with self.large.permit() as permit:
             body = self._request_body(meta, message.position, permit.hold)
-            outcome = upstream.call(self.settings, body, account_id=meta.account_id,
-                                    request_ref=f"{message.batch_id}:{message.position}", holding=permit.hold)
+            # Sized after the permit and the body: waiting for them took some of the invocation.
+            budget = call_budget(self.settings, invocation, time.monotonic())
+            if budget.cut and budget.seconds < LEAST_CALL_SECONDS:
+                outcome = upstream.Outcome("cut")
+            else:
+                outcome = upstream.call(self.settings, body, account_id=meta.account_id,
+                                        request_ref=f"{message.batch_id}:{message.position}", holding=permit.hold,
+                                        budget=budget)
+            if outcome.alert:
+                metric(outcome.alert)
             self._maybe_crash("after upstream call")
-            return self.settler.settle(claimed, outcome, deadline, self.now())
+            return self.settler.settle(claimed, outcome, invocation, self.now())
 
     def _request_body(self, meta: BatchRecord, position: int, holding: Callable[[int], None]) -> bytes:
         """The request's body as stored at create: JSON bytes, sent upstream without parsing.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from freeinference_batch import dispatch, upstream
+from freeinference_batch.call_budget import Invocation, may_hand_over
 from freeinference_batch.catalog import Catalog
 from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
 from freeinference_batch.observability import logger
@@ -28,8 +29,6 @@ from freeinference_batch.worker.outcomes import Claimed, Done, Leave, Parked, me
 from freeinference_batch.worker.overload import adjust_model_cap
 from freeinference_batch.worker.waiting import WaitingRoom
 
-# A chain carries on in the invocation only while one more upstream call and its bookkeeping fit.
-HANDOVER_MARGIN_SECONDS = 30.0
 # A chain that yields its slot sends its next message this late, so the woken chain comes first.
 YIELD_DELAY_SECONDS = 1
 
@@ -47,10 +46,12 @@ class Settler:
         self.writes = writes
         self.crash = crash
 
-    def settle(self, claimed: Claimed, outcome: upstream.Outcome, deadline: float | None,
+    def settle(self, claimed: Claimed, outcome: upstream.Outcome, invocation: Invocation | None,
                now: float) -> Done | Parked | Claimed:
         message, meta, token = claimed.message, claimed.meta, claimed.token
         log = {"batch_id": message.batch_id, "position": message.position}
+        if outcome.kind == "cut":
+            return self._run_again(claimed, now)
         adjust_model_cap(self.settings, self.catalog, claimed, outcome, now)
         state = self.table.get_request(message.batch_id, message.position) if outcome.kind == "retry" else None
         attempts = int(state.get("attempts", 1)) if state else 1
@@ -87,8 +88,7 @@ class Settler:
 
         following = self.chains.following(message, meta)
         leave = Leave()
-        if following is not None and deadline is not None and (
-                deadline - time.monotonic() > self.settings.batch_upstream_timeout_seconds + HANDOVER_MARGIN_SECONDS):
+        if following is not None and may_hand_over(self.settings, invocation, time.monotonic()):
             handed = self._hand_over(claimed, following, now, settled)
             if not isinstance(handed, Leave):
                 return handed
@@ -101,6 +101,26 @@ class Settler:
         # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
         self.waiting.wake_waiters(message, meta.account_id, now, leave.yielded_from)
         self.chains.continue_chain(message, following, now, leave.delay_seconds)
+        return Done()
+
+    def _run_again(self, claimed: Claimed, now: float) -> Done | Parked:
+        """The call ran out of what the invocation had left (call_budget.py): not the upstream's
+        fault, so the request goes back to queued without using an attempt (the claim's is given
+        back) and without an error, and runs again at once in a fresh invocation, which gives it
+        the most a call may run."""
+        message, meta, token = claimed.message, claimed.meta, claimed.token
+        lease_until = now + self.settings.batch_dispatch_lease_seconds
+        settle = self.writes.settle(message, token, now, status=RequestStatus.QUEUED, lease_until=lease_until,
+                                    give_back_attempt=True)
+        if not self._leave(claimed, now, settle, lease_until):
+            return Done()
+        metric("RequestsCut")
+        logger.info("a call cut by the invocation's end runs again in a fresh one",
+                    extra={"batch_id": message.batch_id, "position": message.position})
+        self.waiting.wake_waiters(message, meta.account_id, now)
+        if claimed.has_record:
+            return Parked(0)  # visible again at once: the next invocation that receives it is fresh
+        dispatch.send(self.settings, [message])
         return Done()
 
     def _hand_over(self, claimed: Claimed, following: RequestMessage, now: float,

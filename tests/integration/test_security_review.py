@@ -1,0 +1,73 @@
+"""Security review findings (issue 21) that are one rule each: a gzip body must be a complete
+stream; the API and each schedule reserve their own concurrency; the tables are protected from
+deletion; a refused upstream credential pages the on-call."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from freeinference_batch.upstream import CREDENTIAL_REJECTED_METRIC
+from freeinference_batch_client.cli import preflight
+from freeinference_batch_local.template import function_properties, load_template, resources_of_type
+
+from tests.integration.conftest import sample_request
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_gzip_body_cut_short_is_refused_and_stores_nothing(harness):
+    body = json.dumps({"requests": [sample_request("q-0")]}).encode()
+    packed = gzip.compress(body)
+    # A whole stream is accepted
+    status, _ = harness.call("POST", "/v1/batches", raw=packed, headers={"content-encoding": "gzip"})
+    assert status == 200
+    # Cut anywhere in its 8-byte trailer (CRC and length) or before it: the JSON is all there,
+    # but the stream was never checked, so it is refused
+    for cut in (1, 4, 8, 12):
+        status, answer = harness.call("POST", "/v1/batches", raw=packed[:-cut], headers={"content-encoding": "gzip"})
+        assert status == 400, (cut, answer)
+        assert answer["error"]["code"] == "invalid_request"
+        assert "not complete gzip data" in answer["error"]["message"]
+    status, page = harness.call("GET", "/v1/batches")
+    assert status == 200 and len(page["data"]) == 1
+
+
+def test_the_api_and_each_schedule_reserve_their_own_concurrency():
+    # A flood of API calls (throttled per route for all callers; unauthenticated ones still invoke
+    # the function) takes at most the API's reservation, and cannot starve the schedules
+    template = load_template(REPO / "template.yaml")
+    reserved = preflight.template_reserved_concurrency(template)
+    functions = resources_of_type(template, "AWS::Serverless::Function")
+    assert reserved["ApiFunction"] == template["Parameters"]["ApiReservedConcurrency"]["Default"] > 0
+    schedules = [f for f in functions if any(e["Type"] == "Schedule"
+                                             for e in function_properties(template, f).get("Events", {}).values())]
+    assert sorted(schedules) == ["ExpireFunction", "PurgeFunction", "SweepFunction"]
+    for schedule in schedules:
+        assert 1 <= reserved[schedule] <= 5, schedule  # small: a tick or two at once
+    # Every function reserves, so the preflight counts them all against the account's pool
+    assert set(reserved) == set(functions)
+    section = (REPO / "README.md").read_text().split("### Lambda concurrency")[1].split("\n### ")[0]
+    assert f"{sum(reserved.values()) + preflight.MIN_UNRESERVED}" in section.replace(",", "")
+
+
+def test_both_tables_are_protected_from_deletion_and_the_teardown_says_how_to_lift_it():
+    template = load_template(REPO / "template.yaml")
+    tables = resources_of_type(template, "AWS::DynamoDB::Table")
+    assert sorted(tables) == ["AccountsTable", "BatchTable"]
+    for properties in tables.values():
+        assert properties["Properties"]["DeletionProtectionEnabled"] is True
+    teardown = (REPO / "README.md").read_text().split("### Teardown")[1].split("\n### ")[0]
+    assert teardown.count("--no-deletion-protection-enabled") == 2
+    assert teardown.index("--no-deletion-protection-enabled") < teardown.index("aws dynamodb delete-table")
+
+
+def test_a_refused_upstream_credential_pages_the_on_call():
+    template = load_template(REPO / "template.yaml")
+    alarms = [r["Properties"] for r in resources_of_type(template, "AWS::CloudWatch::Alarm").values()
+              if r["Properties"].get("MetricName") == CREDENTIAL_REJECTED_METRIC]
+    assert len(alarms) == 1
+    (alarm,) = alarms
+    assert alarm["Namespace"] == "FreeInferenceBatch" and alarm["Threshold"] == 0
+    assert alarm["Dimensions"] == [{"Name": "service", "Value": "freeinference-batch"}]
