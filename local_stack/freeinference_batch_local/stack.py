@@ -720,6 +720,16 @@ def run_local_stack() -> None:
         except FaultConfigError as error:
             log.error("cannot start the local stack: %s", error)
             raise SystemExit(1) from None
+        # The functions' metrics (EMF lines on stdout) go to the moto server's CloudWatch, as
+        # CloudWatch Logs turns them into metrics on AWS (`admin status` reads them there).
+        import boto3
+
+        from freeinference_batch_local.metrics_forward import MetricsForwarder
+
+        cloudwatch = boto3.session.Session(
+            region_name=LOCAL_REGION, aws_access_key_id="test", aws_secret_access_key="test"
+        ).client("cloudwatch", endpoint_url=stack.moto_endpoint)
+        sys.stdout = MetricsForwarder(sys.stdout, cloudwatch)
         if not stop.is_set():
             line = f"FreeInference Batch local stack on {stack.base_url} — dev key: {stack.dev_key}\n"
             os.write(real_stdout, line.encode("utf-8"))
@@ -729,6 +739,7 @@ def run_local_stack() -> None:
         stack.stop()
         log.info("local stack stopped")
         sys.stdout.flush()
+        sys.stdout = sys.__stdout__
         os.dup2(real_stdout, 1)
         os.close(real_stdout)
         for signum, handler in previous.items():

@@ -621,3 +621,21 @@ def test_the_upstream_timeout_fits_the_worker_invocation(template: dict[str, Any
     for timeout in (parameter["Default"], parameter["MaxValue"]):
         config = Settings(BATCH_UPSTREAM_TIMEOUT_SECONDS=str(timeout))  # type: ignore[call-arg]
         assert config.lease_seconds >= timeout + config.batch_settle_seconds
+
+
+def test_the_dashboard_shows_the_per_model_metrics_the_workers_publish_beside_the_alarms(
+    template: dict[str, Any]
+) -> None:
+    from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
+
+    (dashboard,) = resources_of_type(template, "AWS::CloudWatch::Dashboard").values()
+    body, variables = dashboard["Properties"]["DashboardBody"]["Fn::Sub"]
+    text = re.sub(r"\$\{[^}]+\}", "x", body)  # as CloudFormation substitutes them: plain strings
+    widgets = json.loads(text)["widgets"]
+    expressions = json.dumps([w["properties"].get("metrics") for w in widgets])
+    for metric in (COMPLETED_BY_MODEL, FAILED_BY_MODEL):
+        assert f'{{FreeInferenceBatch,model,service}} MetricName=\\"{metric}\\"' in expressions, metric
+    (alarms,) = [w for w in widgets if w["type"] == "alarm"]
+    assert len(alarms["properties"]["alarms"]) == len(variables)
+    assert all(value["Fn::GetAtt"][1] == "Arn" and value["Fn::GetAtt"][0].endswith("Alarm")
+               for value in variables.values())

@@ -88,6 +88,10 @@ def s3() -> Any:
     return _client("s3")
 
 
+def cloudwatch() -> Any:
+    return _client("cloudwatch")
+
+
 @cache
 def _secrets() -> SecretsProvider:
     # Our own provider on our own client (not Powertools' module-level default): it follows

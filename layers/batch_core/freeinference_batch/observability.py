@@ -14,3 +14,4 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 logger = Logger(service="freeinference-batch", stream=sys.stderr)
 metrics = Metrics(namespace="FreeInferenceBatch", service="freeinference-batch")
 tracer = Tracer(service="freeinference-batch")
+
