@@ -189,7 +189,8 @@ class StackProcess:
 @contextlib.contextmanager
 def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = True,
                      moto_in_process: bool = True, template: Path | None = None) -> Iterator[Any]:
-    """`LocalStack` in this process (for profiles and botocore event hooks); moto too, unless
+    """`LocalStack` in this process, its functions on threads here rather than in execution
+    environments (for profiles and botocore event hooks); moto too, unless
     `moto_in_process` is False (the instruments that time or count moto's work need it here).
     `template`: the stack's template, if not the repo's (see `write_sized_template`)."""
     import logging
@@ -203,8 +204,10 @@ def in_process_stack(env: dict[str, str] | None = None, short_timings: bool = Tr
     warnings.filterwarnings("ignore", message="No application metrics to publish")
     state_dir = tempfile.mkdtemp(prefix="fi-bench-")
     full_env = {**(SHORT_TIMINGS if short_timings else {}), **(env or {})}
+    # The functions on threads of this process (isolated_functions=False), not in execution
+    # environments of their own: the instruments patch this process's handlers and boto3 clients.
     stack = LocalStack(port=0, env=full_env, state_dir=state_dir, write_state_file=False,
-                       moto_in_process=moto_in_process, template_path=template)
+                       moto_in_process=moto_in_process, template_path=template, isolated_functions=False)
     real_stdout = sys.stdout
     sys.stdout = _DropMetricLines(real_stdout)  # the handlers' EMF metrics would bury the figures
     try:

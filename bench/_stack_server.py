@@ -9,7 +9,9 @@ upstream's calls in flight (`upstream.concurrent`, i.e. requests running), the p
 (invocations, messages, invocations in flight), every AWS call the stack's clients made by
 operation (count and client-side seconds, which include the wait for moto's one lock), and the
 CPU seconds of this process and of its moto child (moto serves one request at a time, so its CPU
-share is close to how busy it is). Counting costs a dict update per AWS call, nothing per moto
+share is close to how busy it is). With `--stats` the functions run on this process's threads
+(`LocalStack(isolated_functions=False)`, the threads `dev` ran them on until execution
+environments), since the counts hook this process's clients. Counting costs a dict update per AWS call, nothing per moto
 request: the figures of a run with stats are those of a run without.
 
     .venv/bin/python bench/_stack_server.py [--paused] [--stats PATH] [--stats-interval 0.5] [--template PATH]
@@ -171,7 +173,10 @@ def main() -> None:
 
     from freeinference_batch_local.stack import LocalStack
 
-    stack = LocalStack(template_path=args.template or None).start()
+    # The counts hook the functions' boto3 clients, which are this process's only when the
+    # functions run on its threads (isolated_functions=False); without --stats they run in
+    # execution environments of their own, as `dev` runs them.
+    stack = LocalStack(template_path=args.template or None, isolated_functions=not args.stats).start()
     stats_stop = threading.Event()
     try:
         if args.paused:

@@ -39,8 +39,8 @@ class MessageParked(Exception):
 @logger.inject_lambda_context(log_event=False)
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
-    # A processor per invocation: it holds the invocation's records, and the local stack runs
-    # several invocations at once in one process (Lambda never does in one container).
+    # A processor per invocation: it holds the invocation's records, and the benchmarks' in-process
+    # local stack runs several invocations at once in one process (Lambda never does in one container).
     # A batch whose every message was parked is normal (all waiting for slots): report, don't raise.
     processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
     # Each record runs its request's chain while the invocation has time: leave room to answer.

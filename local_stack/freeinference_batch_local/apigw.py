@@ -5,6 +5,9 @@ What API Gateway does and this does too: route matching (most specific route fir
 out, comma-joined duplicate query parameters, path parameters, binary bodies (here: compressed
 or not UTF-8) passed as base64, `{"message":"Internal Server Error"}` when the handler fails,
 and the 2.0 response rules (a dict with `statusCode`, or any other value as a 200 JSON body).
+A route's handler is, in the local stack, the function's `EnvironmentPool` (environments.py):
+each request is an invocation in an execution environment of its own, and a failed invocation
+(an exception, a timeout, a process that died) is the handler raising, so a 500 as here.
 
 It refuses what AWS refuses, as AWS answers it (see `invoke_integration`): a body over HTTP API's
 10 MB is a 413 before the body is read; an event over Lambda's 6 MB invoke payload is a 413 and
@@ -127,8 +130,13 @@ def select_route(routes: Iterable[Route], method: str, path: str) -> tuple[Route
     return best
 
 
-def routes_from_functions(functions: Iterable[FunctionSpec]) -> list[Route]:
-    """A Route per `HttpApi` event of the template's functions (no Path/Method means `$default`)."""
+def routes_from_functions(
+    functions: Iterable[FunctionSpec], invoker: Callable[[FunctionSpec], Callable[[dict, Any], Any]] | None = None
+) -> list[Route]:
+    """A Route per `HttpApi` event of the template's functions (no Path/Method means `$default`).
+
+    `invoker(function)` is what a route calls: the function's `EnvironmentPool` (each request in
+    an execution environment of its own), or by default the handler itself, in this process."""
     routes = []
     for function in functions:
         for properties in function.events("HttpApi").values():
@@ -140,7 +148,7 @@ def routes_from_functions(functions: Iterable[FunctionSpec]) -> list[Route]:
                 Route(
                     method=str(method or "ANY"),
                     path=str(path or "/"),
-                    handler=function.handler,
+                    handler=invoker(function) if invoker is not None else function.handler,
                     context_factory=function.context,
                 )
             )

@@ -32,6 +32,11 @@ LOCAL_STACK_NAME = "freeinference-batch-local"
 # and the SQS event source mapping's events are synchronous invocations. The service bounds its
 # answers by the same number (pages.py).
 LAMBDA_INVOKE_PAYLOAD_BYTES = LAMBDA_PAYLOAD_LIMIT
+# A function with no reserved concurrency scales on AWS up to the account's unreserved
+# concurrency; locally each environment is a process of ~70 MB, so the stack runs at most this many
+# at once and queues invocations beyond it (AWS would start more). 10 is the concurrency quota AWS
+# gives a new account.
+LOCAL_UNRESERVED_CONCURRENCY = 10
 
 _modules: dict[Path, ModuleType] = {}
 _modules_lock = threading.Lock()
@@ -114,17 +119,25 @@ class LambdaContext:
         timeout_seconds: float = 3,
         region: str = LOCAL_REGION,
         account_id: str = LOCAL_ACCOUNT_ID,
+        *,
+        aws_request_id: str | None = None,
+        deadline_epoch_ms: int | None = None,
     ) -> None:
         self.function_name = function_name
         self.function_version = "$LATEST"
         self.invoked_function_arn = f"arn:aws:lambda:{region}:{account_id}:function:{function_name}"
         self.memory_limit_in_mb = int(memory_limit_in_mb)
-        self.aws_request_id = str(uuid.uuid4())
+        self.aws_request_id = aws_request_id or str(uuid.uuid4())
         self.log_group_name = f"/aws/lambda/{function_name}"
         self.log_stream_name = f"{time.strftime('%Y/%m/%d')}/[$LATEST]{uuid.uuid4().hex}"
         self.identity = None
         self.client_context = None
-        self._deadline = time.monotonic() + timeout_seconds
+        # An execution environment gets its deadline from the parent as Lambda's runtime API gives
+        # it (Lambda-Runtime-Deadline-Ms, epoch milliseconds); in-process, from the timeout.
+        if deadline_epoch_ms is not None:
+            self._deadline = time.monotonic() + (deadline_epoch_ms / 1000 - time.time())
+        else:
+            self._deadline = time.monotonic() + timeout_seconds
 
     def get_remaining_time_in_millis(self) -> int:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
@@ -152,6 +165,33 @@ class FunctionSpec:
     def context(self) -> LambdaContext:
         return LambdaContext(self.name, self.memory_mb, self.timeout)
 
+    @property
+    def reserved_concurrency(self) -> int | None:
+        reserved = self.properties.get("ReservedConcurrentExecutions")
+        return int(reserved) if reserved else None
+
+    def mapping_concurrency(self, properties: dict[str, Any]) -> int:
+        """How many invocations one SQS event mapping of this function runs at once: its
+        `ScalingConfig.MaximumConcurrency`, never above the reserved concurrency (Lambda would
+        throttle the rest), else the reserved concurrency, else 5."""
+        cap = (properties.get("ScalingConfig") or {}).get("MaximumConcurrency") or self.reserved_concurrency or 5
+        if self.reserved_concurrency:
+            cap = min(int(cap), self.reserved_concurrency)
+        return int(cap)
+
+    @property
+    def concurrency(self) -> int:
+        """The most execution environments the local stack runs for this function at once: its
+        reserved concurrency (the template's API 50, each schedule 2, each worker its mapping's
+        `MaximumConcurrency`), else what its SQS mappings may run together, else
+        `LOCAL_UNRESERVED_CONCURRENCY`."""
+        if self.reserved_concurrency:
+            return self.reserved_concurrency
+        mappings = [p for p in self.events("SQS").values() if str(p.get("Enabled", True)).lower() != "false"]
+        if mappings:
+            return sum(self.mapping_concurrency(properties) for properties in mappings)
+        return LOCAL_UNRESERVED_CONCURRENCY
+
     def events(self, event_type: str) -> dict[str, dict[str, Any]]:
         """Event name -> properties, for the function's events of `event_type` (`SQS`, `HttpApi`)."""
         return {
@@ -168,6 +208,11 @@ def functions_from_template(template: dict[str, Any], root: Path | None = None) 
         if resource.get("Type") != "AWS::Serverless::Function":
             continue
         properties = function_properties(template, logical_id)
+        # The numbers the local stack runs a function by may name a parameter of the template
+        # (`ReservedConcurrentExecutions: !Ref ApiReservedConcurrency`): its default, as deployed.
+        for name in ("Timeout", "MemorySize", "ReservedConcurrentExecutions"):
+            if name in properties:
+                properties[name] = _parameter_default(template, properties[name])
         code_uri = properties.get("CodeUri")
         if not isinstance(code_uri, str):
             raise ValueError(f"{logical_id}: the local stack needs a local CodeUri path, got {code_uri!r}")
@@ -182,3 +227,13 @@ def functions_from_template(template: dict[str, Any], root: Path | None = None) 
             properties=properties,
         )
     return specs
+
+
+def _parameter_default(template: dict[str, Any], value: Any) -> Any:
+    """`{"Ref": "Param"}` -> the parameter's `Default`; any other value as it is."""
+    if isinstance(value, dict) and set(value) == {"Ref"}:
+        parameter = (template.get("Parameters") or {}).get(value["Ref"])
+        if parameter is None or "Default" not in parameter:
+            raise ValueError(f"the local stack needs a default for the parameter {value['Ref']!r}")
+        return parameter["Default"]
+    return value

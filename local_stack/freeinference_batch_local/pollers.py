@@ -17,8 +17,13 @@ Polls never wait (`WaitTimeSeconds=0`): every moto request holds the moto server
 a long poll would stall every other AWS call of the stack. An empty receive sleeps a few tens of
 milliseconds instead.
 
-`ScheduleTimer` calls a schedule handler every `interval` seconds with an EventBridge
-"Scheduled Event"; a failing run is logged and the next tick comes anyway.
+`ScheduleTimer` invokes a schedule handler every `interval` seconds with an EventBridge
+"Scheduled Event", asynchronously as EventBridge does: a tick whose previous run still runs
+runs beside it (up to the function's concurrency); a failing run is logged and the next tick
+comes anyway.
+
+Either takes as `handler` a function's `EnvironmentPool` (environments.py: each invocation in an
+execution environment of its own, as Lambda runs it) or, in-process, the handler itself.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from freeinference_batch_local.handlers import (
     LAMBDA_INVOKE_PAYLOAD_BYTES,
     LOCAL_ACCOUNT_ID,
     LOCAL_REGION,
+    LOCAL_UNRESERVED_CONCURRENCY,
     LambdaContext,
     invoke_payload_bytes,
 )
@@ -47,6 +53,8 @@ log = logging.getLogger(__name__)
 # (see QueuePoller.wake), which is what SQS long polling gives a Lambda event source mapping.
 IDLE_SLEEP_SECONDS = 0.25
 ERROR_SLEEP_SECONDS = 0.5
+# How long a schedule's tick may wait for a run to end before it is dropped (ScheduleTimer).
+MAX_EVENT_AGE_SECONDS = 60.0
 # One ReceiveMessage returns at most 10 messages; Lambda's SQS batch may be bigger with a window.
 RECEIVE_MAX_MESSAGES = 10
 MAX_BATCH_SIZE_WITH_WINDOW = 10_000
@@ -122,7 +130,29 @@ def failed_message_ids(response: Any, message_ids: list[str]) -> set[str] | None
     return failed
 
 
-class QueuePoller:
+class _InvocationsInFlight:
+    """What an event source counts of the invocations it has started: how many run now (under
+    `_lock`, whose condition `_idle` is told when one ends) and the most that ran at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._max_in_flight = 0
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no invocation is running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+
+class QueuePoller(_InvocationsInFlight):
     """One SQS event mapping: a queue, a worker handler, a batch size and a concurrency cap."""
 
     def __init__(
@@ -161,9 +191,7 @@ class QueuePoller:
         self._running = threading.Event()  # set = polling, cleared = paused
         self._running.set()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._in_flight = 0
+        super().__init__()
         self._counts = dict.fromkeys(
             (
                 "receives",
@@ -177,7 +205,6 @@ class QueuePoller:
             ),
             0,
         )
-        self._max_in_flight = 0
 
     # ---------------------------------------------------------------- control
 
@@ -210,16 +237,6 @@ class QueuePoller:
     def paused(self) -> bool:
         return not self._running.is_set()
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no invocation is running."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self._in_flight:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
-        return True
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -398,8 +415,17 @@ def scheduled_event(
     }
 
 
-class ScheduleTimer:
-    """Calls `handler` every `interval` seconds (fixed rate; a slow run skips the ticks it overran)."""
+class ScheduleTimer(_InvocationsInFlight):
+    """Invokes `handler` every `interval` seconds (fixed rate), each tick asynchronously.
+
+    As EventBridge does: a schedule's target is invoked asynchronously, so a tick whose previous
+    run still runs is not skipped but runs beside it (on Lambda, in another execution
+    environment), up to `max_concurrency` runs at once (the function's reserved concurrency); a
+    tick beyond it waits for a run to end, as Lambda's asynchronous queue holds the event, and is
+    dropped once it has waited `max_event_age` seconds (the queue's `MaximumEventAgeInSeconds`:
+    locally Lambda's smallest setting, 60 s, not its default of 6 h, so that a loaded machine's
+    backlog of ticks does not run on for hours after the load).
+    """
 
     def __init__(
         self,
@@ -410,6 +436,8 @@ class ScheduleTimer:
         context_factory: Callable[[], Any] | None = None,
         rule_name: str | None = None,
         clock: Callable[[], float] = time.time,
+        max_concurrency: int = LOCAL_UNRESERVED_CONCURRENCY,
+        max_event_age: float = MAX_EVENT_AGE_SECONDS,
     ) -> None:
         self.name = name
         self.handler = handler
@@ -417,13 +445,18 @@ class ScheduleTimer:
         self.context_factory = context_factory or (lambda: LambdaContext(name, 128, 60))
         self.rule_name = rule_name or f"{name}-schedule"
         self.clock = clock
+        self.max_concurrency = max(1, int(max_concurrency))
+        self.max_event_age = float(max_event_age)
         self.runs = 0
         self.errors = 0
+        self.dropped = 0
         self._stop = threading.Event()
         self._running = threading.Event()
         self._running.set()
-        self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
+        super().__init__()
+        # Ticks waiting for a run to end: (when it was queued, monotonic; its event's time).
+        self._queued: list[tuple[float, float]] = []
 
     def start(self) -> ScheduleTimer:
         self._stop.clear()
@@ -431,11 +464,15 @@ class ScheduleTimer:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop ticking and wait up to `timeout` for running runs; True if they all ended."""
         self._stop.set()
         self._running.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
+        with self._lock:
+            self._queued.clear()
+        return self.wait_idle(timeout)
 
     def pause(self) -> None:
         self._running.clear()
@@ -443,24 +480,76 @@ class ScheduleTimer:
     def resume(self) -> None:
         self._running.set()
 
+
     def run_once(self) -> Any:
-        """One run now (tests); a run already in progress finishes first."""
-        with self._busy:
-            self.runs += 1
-            try:
-                return self.handler(scheduled_event(self.rule_name, self.clock()), self.context_factory())
-            except Exception:
-                self.errors += 1
-                log.exception("schedule %s failed; the next tick runs anyway", self.name)
-                return None
+        """One run now, in the calling thread (tests); it may overlap a tick's run."""
+        with self._lock:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+        try:
+            return self._run(self.clock())
+        finally:
+            self._finished()
+
+    def tick(self) -> None:
+        """One tick, as EventBridge delivers it: run beside any run in progress, or wait for one
+        to end if `max_concurrency` are running."""
+        now = self.clock()
+        with self._lock:
+            if self._in_flight >= self.max_concurrency:
+                self._queued.append((time.monotonic(), now))
+                return
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+        self._spawn(now)
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "runs": self.runs,
-            "errors": self.errors,
-            "interval": self.interval,
-            "paused": not self._running.is_set(),
-        }
+        with self._lock:
+            return {
+                "runs": self.runs,
+                "errors": self.errors,
+                "interval": self.interval,
+                "paused": not self._running.is_set(),
+                "in_flight": self._in_flight,
+                "max_in_flight": self._max_in_flight,
+                "queued": len(self._queued),
+                "dropped": self.dropped,
+                "max_concurrency": self.max_concurrency,
+            }
+
+    def _spawn(self, tick_time: float) -> None:
+        # A daemon thread per run: a run that never ends must not keep the process from exiting.
+        name = f"schedule-run-{self.name}"
+        threading.Thread(target=self._run_tick, args=(tick_time,), name=name, daemon=True).start()
+
+    def _run_tick(self, tick_time: float) -> None:
+        try:
+            self._run(tick_time)
+        finally:
+            self._finished()
+
+    def _run(self, tick_time: float) -> Any:
+        with self._lock:
+            self.runs += 1
+        try:
+            return self.handler(scheduled_event(self.rule_name, tick_time), self.context_factory())
+        except Exception:
+            with self._lock:
+                self.errors += 1
+            log.exception("schedule %s failed; the next tick runs anyway", self.name)
+            return None
+
+    def _finished(self) -> None:
+        with self._idle:
+            while self._queued and not self._stop.is_set():
+                queued_at, tick_time = self._queued.pop(0)
+                if time.monotonic() - queued_at > self.max_event_age:
+                    self.dropped += 1
+                    continue
+                self._spawn(tick_time)  # the slot passes to the oldest waiting tick
+                return
+            self._in_flight -= 1
+            self._idle.notify_all()
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.interval
@@ -468,8 +557,8 @@ class ScheduleTimer:
             self._running.wait()
             if self._stop.is_set():
                 break
-            self.run_once()
+            self.tick()
             next_tick += self.interval
             now = time.monotonic()
-            if next_tick < now:  # overran: skip the missed ticks, as a rate schedule would
+            if next_tick < now:  # a pause outlasted ticks: skip them, as a disabled rule would
                 next_tick = now + self.interval - (now - next_tick) % self.interval

@@ -1,7 +1,12 @@
-"""The local stack: the whole service on one machine, in one process, without Docker.
+"""The local stack: the whole service on one machine, without Docker.
 
 `freeinference-batch dev` (`make dev`) runs `run_local_stack()`; tests may use `LocalStack`
-in-process. Everything comes from `template.yaml`: the tables, queues and bucket are created on
+in-process. Each function's invocations run as Lambda runs them, one event at a time per
+execution environment, each environment a child process with its own module state
+(`environments.py`); `LocalStack(isolated_functions=False)` runs them on threads of this process
+instead, sharing module state (concurrent API requests can then read each other's event), for
+the benchmarks' instruments that patch this process's handlers and boto3 clients only.
+Everything comes from `template.yaml`: the tables, queues and bucket are created on
 a moto server from their `Properties`; the functions' environment is the template's
 `Globals.Function.Environment.Variables` with every `Ref`/`Fn::GetAtt`/`Fn::Sub` resolved as
 CloudFormation would; the API routes, SQS event mappings and schedules are the functions'
@@ -319,13 +324,14 @@ def _settings_env_names() -> set[str]:
 
 
 class LocalStack:
-    """The whole service in this process: moto, resources, upstream, pollers, schedules, API.
+    """The whole service: moto (a child process), resources, upstream, pollers, schedules, API,
+    and each function's execution environments (child processes; see `isolated_functions`).
 
     `start()` returns self; `stop()` undoes everything (including the environment it set);
     usable as a context manager. After start: `base_url` ("http://127.0.0.1:PORT/v1"),
     `dev_key` (an internal-tier key of the account "dev"), `env` (every variable it applied),
-    `pollers` / `timers` (by function logical id), `moto_endpoint`, `upstream` (None if
-    UPSTREAM_BASE_URL was given).
+    `pollers` / `timers` / `pools` (by function logical id; `pools` is empty in-process),
+    `moto_endpoint`, `upstream` (None if UPSTREAM_BASE_URL was given).
     """
 
     def __init__(
@@ -339,6 +345,7 @@ class LocalStack:
         write_state_file: bool = True,
         env: dict[str, str] | None = None,
         moto_in_process: bool = False,
+        isolated_functions: bool = True,
     ) -> None:
         self.root = Path(root) if root else repo_root()
         self.template_path = Path(template_path) if template_path else self.root / "template.yaml"
@@ -355,6 +362,10 @@ class LocalStack:
         self.faults: Any = None  # the AWS faults its moto server injects (aws_faults.FaultConfig)
         # In this process only for instruments that reach into moto (the benchmarks' diagnoses).
         self.moto_in_process = moto_in_process
+        # False only for instruments that reach into the handlers or their boto3 clients (the
+        # benchmarks): the functions then run on threads here, without Lambda's isolation.
+        self.isolated_functions = isolated_functions
+        self.pools: dict[str, Any] = {}  # function logical id -> EnvironmentPool, when isolated
         self.upstream: Any = None
         self.api: Any = None
         self.functions: dict[str, FunctionSpec] = {}
@@ -476,14 +487,18 @@ class LocalStack:
 
         self.functions = functions_from_template(template, self.root)
         self._warn_per_function_env(template)
-        for spec in self.functions.values():
-            _ = spec.handler  # import every handler now: a broken one fails the start, not a request
+        # The environments start after the mark is set: they inherit it with the rest of os.environ.
+        if self.isolated_functions:
+            self._start_pools()
+        else:
+            for spec in self.functions.values():
+                _ = spec.handler  # import every handler now: a broken one fails the start, not a request
         self._start_pollers(resources, service_sqs)
         self._wake_pollers_on_send()
         self._start_timers()
 
         port = self.port if self.port is not None else int(os.environ.get("PORT") or DEFAULT_PORT)
-        routes = routes_from_functions(self.functions.values())
+        routes = routes_from_functions(self.functions.values(), self._invoker if self.isolated_functions else None)
         self.api = ApiGatewayServer(routes, host=self.host, port=port)
         self.base_url = self.api.start() + "/v1"
         if self.write_state_file:
@@ -508,19 +523,52 @@ class LocalStack:
                 secrets.put_secret_value(SecretId=resources.resolve(variables["UPSTREAM_API_KEY_SECRET"]),
                                          SecretString=key)
 
-    def _wake_pollers_on_send(self) -> None:
-        """Emulate long polling: whenever this process sends a message or makes one visible
-        again, the pollers look at once (the worker's and the API's sends all go through the
-        shared client of freeinference_batch.aws)."""
-        from freeinference_batch import aws
+    def _start_pools(self) -> None:
+        """An `EnvironmentPool` per function, and one environment of each started now, side by
+        side: a handler that cannot import fails the start, not a request, and each function's
+        first invocation is warm (later ones cold-start when every environment is busy)."""
+        from freeinference_batch_local.environments import EnvironmentPool
 
-        def wake(**_: Any) -> None:
-            for poller in self.pollers.values():
-                poller.wake()
+        for logical_id, spec in self.functions.items():
+            self.pools[logical_id] = EnvironmentPool(spec, on_notice=lambda _what: self._wake_pollers())
+        failures: list[BaseException] = []
+
+        def prewarm(pool: Any) -> None:
+            try:
+                pool.prewarm()
+            except BaseException as error:
+                failures.append(error)
+
+        threads = [threading.Thread(target=prewarm, args=(pool,), daemon=True) for pool in self.pools.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise RuntimeError(f"a function's execution environment did not start: {failures[0]}") from failures[0]
+
+    def _invoker(self, spec: FunctionSpec) -> Any:
+        """What invokes `spec`: its pool of execution environments, or in-process its handler."""
+        return self.pools[spec.logical_id] if self.isolated_functions else spec.handler
+
+    def _wake_pollers(self) -> None:
+        for poller in self.pollers.values():
+            poller.wake()
+
+    def _wake_pollers_on_send(self) -> None:
+        """Emulate long polling: whenever a function sends a message or makes one visible again,
+        the pollers look at once. An execution environment says so in a notice frame the moment
+        its call returns (runtime.py; `_start_pools` wakes the pollers for it) rather than the
+        pool waking them when the invocation ends: a worker invocation runs chains for minutes
+        and wakes other chains' messages meanwhile. In-process, the sends all go through the
+        shared client of freeinference_batch.aws, whose calls are hooked here."""
+        if self.isolated_functions:
+            return
+        from freeinference_batch import aws
 
         events = aws.sqs().meta.events
         for operation in ("SendMessage", "SendMessageBatch", "ChangeMessageVisibility"):
-            events.register(f"after-call.sqs.{operation}", wake)
+            events.register(f"after-call.sqs.{operation}", lambda **_: self._wake_pollers())
 
     def _start_pollers(self, resources: TemplateResources, sqs: Any) -> None:
         from freeinference_batch_local.pollers import QueuePoller
@@ -533,20 +581,16 @@ class LocalStack:
                 if not _truthy(properties.get("Enabled", True)):
                     continue
                 arn = resources.resolve(properties["Queue"])
-                reserved = spec.properties.get("ReservedConcurrentExecutions")
-                cap = (properties.get("ScalingConfig") or {}).get("MaximumConcurrency") or reserved or 5
-                if reserved:
-                    cap = min(int(cap), int(reserved))
                 name = spec.logical_id if len(spec.events("SQS")) == 1 else f"{spec.logical_id}.{event_name}"
                 self.pollers[name] = QueuePoller(
                     name=name,
                     sqs=sqs,
                     queue_url=urls_by_arn[arn],
                     queue_arn=arn,
-                    handler=spec.handler,
+                    handler=self._invoker(spec),
                     batch_size=int(properties.get("BatchSize", 10)),
                     max_batching_window=float(properties.get("MaximumBatchingWindowInSeconds") or 0),
-                    max_concurrency=int(cap),
+                    max_concurrency=spec.mapping_concurrency(properties),
                     report_batch_item_failures="ReportBatchItemFailures"
                     in (properties.get("FunctionResponseTypes") or ()),
                     context_factory=spec.context,
@@ -566,15 +610,17 @@ class LocalStack:
                     continue
                 self.timers[spec.logical_id] = ScheduleTimer(
                     name=spec.logical_id,
-                    handler=spec.handler,
+                    handler=self._invoker(spec),
                     interval=settings.batch_schedule_seconds,
+                    max_concurrency=spec.concurrency,
                     context_factory=spec.context,
                     rule_name=f"{LOCAL_STACK_NAME}-{spec.logical_id}{event_name}",
                     clock=lambda: clock.now(get_settings().clock_offset_file),
                 ).start()
 
     def _warn_per_function_env(self, template: dict[str, Any]) -> None:
-        # One process has one environment: a function's own variables cannot apply to it alone.
+        # Every function's execution environments inherit the stack's one set of variables: a
+        # function's own variables do not apply to it alone.
         # Only those that change a setting matter (WORKER_MODEL-style labels are harmless).
         function_globals = (template.get("Globals") or {}).get("Function") or {}
         globals_env = (function_globals.get("Environment") or {}).get("Variables") or {}
@@ -604,6 +650,12 @@ class LocalStack:
             with _logged(f"{component.name}"):
                 component.stop(timeout=5)
         self.timers, self.pollers = {}, {}
+        if self.pools:
+            from freeinference_batch_local.environments import close_pools
+
+            with _logged("execution environments"):
+                close_pools(list(self.pools.values()))
+            self.pools = {}
         if self.upstream is not None:
             with _logged("upstream simulator"):
                 self.upstream.stop()
@@ -638,6 +690,7 @@ class LocalStack:
         return {
             "pollers": {name: poller.stats() for name, poller in self.pollers.items()},
             "timers": {name: timer.stats() for name, timer in self.timers.items()},
+            "functions": {name: pool.stats() for name, pool in self.pools.items()},
             "moto_requests": app.requests if app is not None else None,
         }
 

@@ -20,6 +20,7 @@ a seed reproduces the faults' rates and kinds, not one run call for call.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -44,7 +45,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODELS = tuple(load_catalog().models)  # the two packaged models
 AWS_FAULTS = ("dynamodb.throttle=0.03,dynamodb.error=0.02,dynamodb.lost_answer=0.03,dynamodb.conflict=0.03,"
-              "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03,s3.lost_answer=0.03,s3.error=0.02")
+              "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03,s3.lost_answer=0.2,s3.error=0.1")
+# Requests whose body is too big for an item even compressed: their input goes to S3, where the
+# S3 faults (higher rates: S3 sees a few calls a batch, DynamoDB thousands) meet them.
+LARGE_REQUESTS = 10
+LARGE_BODY_CHARS = 500_000
 FINAL = ("completed", "failed", "expired", "cancelled")
 FAULTY_EVERY = 10  # positions 0, 3, 6 of every 10: 30% fail once upstream
 
@@ -86,6 +91,17 @@ def _lines(prefix: str, count: int, models: tuple[str, ...]) -> list[dict]:
          "body": {"model": models[n % len(models)],
                   "messages": [{"role": "user", "content": f"Chaos {prefix} {n} [sim:latency=0.05]"
                                 + (" [sim:fail=503*1]" if n % FAULTY_EVERY in (0, 3, 6) else "")}]}}
+        for n in range(count)
+    ]
+
+
+def _large_lines(prefix: str, count: int, model: str) -> list[dict]:
+    rng = random.Random(0)  # incompressible: no chunk of theirs fits an item
+    noise = [base64.b64encode(rng.randbytes(LARGE_BODY_CHARS * 3 // 4)).decode() for _ in range(count)]
+    return [
+        {"custom_id": f"{prefix}-large-{n}",
+         "body": {"model": model,
+                  "messages": [{"role": "user", "content": f"Large {n} [sim:latency=0.05] {noise[n]}"}]}}
         for n in range(count)
     ]
 
@@ -162,7 +178,7 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
         "a": (first, _lines("a", 700, MODELS[:1])),
         "b": (second, _lines("b", 700, MODELS[1:])),
         "c": (first, _lines("c", 400, MODELS)),
-        "d": (second, _lines("d", 200, MODELS[:1])),
+        "d": (second, _lines("d", 200 - LARGE_REQUESTS, MODELS[:1]) + _large_lines("d", LARGE_REQUESTS, MODELS[0])),
     }
     batches: dict[str, dict] = {}
     for name, (api, lines) in plan.items():

@@ -101,7 +101,9 @@ class Harness:
 
     # ---- queues -----------------------------------------------------------------------
 
-    def pump_once(self, queue_url: str) -> int:
+    def pump_once(self, queue_url: str, seconds: float = 150) -> int:
+        """One worker invocation of `seconds` (its Lambda timeout) on what the queue holds; the
+        messages it did not report failed are deleted, as Lambda's poller does."""
         sqs = aws.sqs()
         messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, AttributeNames=["All"],
                                        MessageAttributeNames=["All"]).get("Messages", [])
@@ -109,7 +111,7 @@ class Harness:
             return 0
         arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         records = [sqs_record(m, arn) for m in messages]
-        answer = self.worker_handler({"Records": records}, LambdaContext("worker", 512, 150))
+        answer = self.worker_handler({"Records": records}, LambdaContext("worker", 512, seconds))
         keep = failed_message_ids(answer, [r["messageId"] for r in records]) or set()
         for message, record in zip(messages, records, strict=True):
             if record["messageId"] not in keep:

@@ -6,29 +6,9 @@ what it leaves), so the arithmetic is the deployed one and no test waits minutes
 
 from __future__ import annotations
 
-from freeinference_batch import aws
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch_local.handlers import LambdaContext
-from freeinference_batch_local.pollers import failed_message_ids, sqs_record
 
 from tests.integration.conftest import sample_request
-
-
-def invoke_worker(harness, queue_url: str, seconds: float) -> int:
-    """One worker invocation of `seconds` (its Lambda timeout) on what the queue holds, as the pump does."""
-    sqs = aws.sqs()
-    messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, AttributeNames=["All"],
-                                   MessageAttributeNames=["All"]).get("Messages", [])
-    if not messages:
-        return 0
-    arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    records = [sqs_record(m, arn) for m in messages]
-    answer = harness.worker_handler({"Records": records}, LambdaContext("worker", 256, seconds))
-    keep = failed_message_ids(answer, [r["messageId"] for r in records]) or set()
-    for message, record in zip(messages, records, strict=True):
-        if record["messageId"] not in keep:
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
-    return len(messages)
 
 
 def state(harness, batch_id: str, position: int) -> dict:
@@ -51,7 +31,7 @@ def test_a_call_cut_by_the_invocations_end_runs_again_in_a_fresh_one_without_usi
     queue = harness.queues["glm-5.3-flash"]
     # When one invocation runs the chain: request 4 is handed over with about 5 s left, so its call
     # may run about 4 s, short of the 6 s a call may run
-    invoke_worker(harness, queue, seconds=8)
+    harness.pump_once(queue, seconds=8)
     # Then request 4 was cut, not failed: queued again, its attempt given back, no error shown
     cut = state(harness, batch["id"], 4)
     assert cut["status"] == "queued" and int(cut["attempts"]) == 0 and "error" not in cut, cut
@@ -61,7 +41,7 @@ def test_a_call_cut_by_the_invocations_end_runs_again_in_a_fresh_one_without_usi
     assert all(lines[f"q-{n}"]["status"] == "completed" for n in range(4))
     # And a fresh invocation (its message was sent at once) gives it the whole 6 s: it completes,
     # on its first counted attempt
-    assert invoke_worker(harness, queue, seconds=8) == 1
+    assert harness.pump_once(queue, seconds=8) == 1
     done = state(harness, batch["id"], 4)
     assert done["status"] == "completed" and int(done["attempts"]) == 1
     assert sim_attempts(upstream, batch["id"], 4) == 2
@@ -76,7 +56,7 @@ def test_an_answer_longer_than_a_whole_invocation_allows_fails_once_with_timeout
     harness.configure(BATCH_UPSTREAM_TIMEOUT_SECONDS=10, BATCH_SETTLE_SECONDS=1)
     batch = harness.create([sample_request("slow", "Very long answer [sim:latency=4]")])
     # When a fresh invocation runs it
-    invoke_worker(harness, harness.queues["glm-5.3-flash"], seconds=5)
+    harness.pump_once(harness.queues["glm-5.3-flash"], seconds=5)
     # Then it failed at once, timeout, saying how long a batch request may run: one call, not eight
     (line,) = harness.results(batch["id"])
     assert line["status"] == "failed"
