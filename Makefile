@@ -31,8 +31,9 @@ install: $(VENV) $(SAM) $(CHROMEDRIVER)
 test: install
 	.venv/bin/pytest -q
 
+# VERBOSE=1 make dev: every function's JSON log lines on the terminal (README, "A quiet make dev").
 dev: $(VENV)
-	@.venv/bin/freeinference-batch dev
+	@.venv/bin/freeinference-batch dev $(if $(filter 1,$(VERBOSE)),--verbose)
 
 build: $(SAM)
 	PYENV_VERSION=$(SAM_PYENV_VERSION) SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml

@@ -1,18 +1,18 @@
 """The functions' CloudWatch metrics, locally: what CloudWatch Logs does on AWS with the embedded
 metric format (EMF) records Powertools prints, this does with the lines the functions write to
 stdout: each record becomes a PutMetricData on the local stack's moto server, so `admin status`
-reads the same metrics from the same API as against a deployed stack. Every other line passes on.
+reads the same metrics from the same API as against a deployed stack. The lines come from
+function_logs.py, which reads every function's output.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import logging
 import queue
 import threading
-from typing import Any, TextIO
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -35,43 +35,37 @@ def metric_data(record: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]
     return out
 
 
-class MetricsForwarder(io.TextIOBase):
-    """A stdout that sends EMF lines to CloudWatch (on a thread of its own) and writes the rest on."""
+class CloudWatchForwarder:
+    """EMF records to PutMetricData, on a thread of its own (a function's output is never held up
+    by moto). A record that cannot be sent is dropped with a warning: a metric lost locally must
+    not stop the stack."""
 
-    def __init__(self, stream: TextIO, cloudwatch: Any) -> None:
-        self.stream = stream
+    def __init__(self, cloudwatch: Any) -> None:
         self.cloudwatch = cloudwatch
-        self._partial = ""
-        self._lock = threading.Lock()
-        self._records: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._send, name="metrics-forwarder", daemon=True).start()
+        self._records: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._send, name="metrics-forwarder", daemon=True)
+        self._thread.start()
 
-    def writable(self) -> bool:
-        return True
+    def put(self, record: dict[str, Any]) -> None:
+        self._records.put(record)
 
-    def write(self, text: str) -> int:
-        with self._lock:
-            self._partial += text
-            *lines, self._partial = self._partial.split("\n")
-        for line in lines:
-            record = _emf(line)
-            if record is None:
-                self.stream.write(line + "\n")
-            else:
-                self._records.put(record)
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued (for `timeout` at most), then stop."""
+        self._records.put(None)
+        self._thread.join(timeout)
 
     def _send(self) -> None:
-        while True:
-            record = self._records.get()
+        while (record := self._records.get()) is not None:
             try:
                 for namespace, data in metric_data(record):
                     self.cloudwatch.put_metric_data(Namespace=namespace, MetricData=data)
-            except Exception:  # a metric lost locally must not stop the stack
-                log.exception("could not forward a metric record to the local CloudWatch")
+            except Exception as error:
+                log.warning("could not forward a metric record to the local CloudWatch: %s", error)
+
+
+def emf_record(line: str) -> dict[str, Any] | None:
+    """The EMF record a line holds, or None."""
+    return _emf(line)
 
 
 def _emf(line: str) -> dict[str, Any] | None:
