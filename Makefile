@@ -18,13 +18,22 @@ $(SAM):
 	$(PYTHON) -m venv .tools/sam
 	.tools/sam/bin/pip install -q aws-sam-cli
 
-install: $(VENV) $(SAM)
+# The console's browser tests (tests/e2e/test_console.py) drive Debian's Chromium through its
+# ChromeDriver: installed from the distribution's packages, never downloaded by a test at run time.
+CHROMEDRIVER := /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(CHROMEDRIVER):
+	$(SUDO) apt-get update -q
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium chromium-driver
+
+install: $(VENV) $(SAM) $(CHROMEDRIVER)
 
 test: install
 	.venv/bin/pytest -q
 
+# VERBOSE=1 make dev: every function's JSON log lines on the terminal (README, "A quiet make dev").
 dev: $(VENV)
-	@.venv/bin/freeinference-batch dev
+	@.venv/bin/freeinference-batch dev $(if $(filter 1,$(VERBOSE)),--verbose)
 
 build: $(SAM)
 	PYENV_VERSION=$(SAM_PYENV_VERSION) SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml

@@ -23,6 +23,7 @@ from freeinference_batch.observability import logger, metrics, tracer
 from freeinference_batch.settings import get_settings
 from freeinference_batch.worker import Done, Worker
 from freeinference_batch.worker.memory import RECORD_THREADS
+from freeinference_batch.worker.outcomes import publish_model_counts
 
 # Cold start: an upstream URL that cannot work (Settings refuses it) or a credential this function
 # cannot read stops the function here, where its Errors alarm shows it, instead of failing or
@@ -57,5 +58,8 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
             if not isinstance(outcome, Done):
                 raise MessageParked(record.message_id)
 
-        return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
-                                              context=context)
+        try:
+            return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
+                                                  context=context)
+        finally:
+            publish_model_counts()

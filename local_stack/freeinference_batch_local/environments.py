@@ -22,7 +22,11 @@ So each function here has an `EnvironmentPool` of `ExecutionEnvironment`s, each 
   timeout does not count the init phase) and passed to the child's `LambdaContext`;
 - children inherit the environment variables the stack set, leave the terminal's process group
   (Ctrl-C is the stack's to handle) and exit when their stdin closes: at `close()`, or when the
-  stack dies.
+  stack dies;
+- a child's stdout and stderr (its logs and EMF metrics) are the stack's own, unless the pool has
+  an `on_output`: then each line goes to it with the function's logical id and the stream's name
+  (`freeinference-batch dev` writes them to `.local-stack/logs/`, function_logs.py), as Lambda
+  sends each function's output to its own log group.
 
 Where it differs from Lambda: no init-phase limit of 10 s (a cold start on a loaded machine may
 take longer; `START_TIMEOUT_SECONDS`); idle environments are kept until the stack stops; no
@@ -58,14 +62,29 @@ START_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 2.0
 
 
-class FunctionError(Exception):
-    """A failed invocation, as Lambda answers it: `errorMessage`, `errorType` (and a stack trace)."""
+# `on_output(logical_id, stream, line)`: one line (without its newline) a child wrote to
+# "stdout" or "stderr".
+OutputCallback = Callable[[str, str, str], None]
 
-    def __init__(self, error_message: str, error_type: str, stack_trace: list[str] | None = None) -> None:
+
+class FunctionError(Exception):
+    """A failed invocation, as Lambda answers it: `errorMessage`, `errorType` (and a stack trace).
+    `logged_by_function`: the child wrote the error to the function's log itself (an exception in
+    the handler or its import), as against a timeout or a death only the stack saw."""
+
+    def __init__(
+        self,
+        error_message: str,
+        error_type: str,
+        stack_trace: list[str] | None = None,
+        *,
+        logged_by_function: bool = False,
+    ) -> None:
         super().__init__(f"{error_type}: {error_message}")
         self.error_message = error_message
         self.error_type = error_type
         self.stack_trace = stack_trace or []
+        self.logged_by_function = logged_by_function
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -75,9 +94,15 @@ class FunctionError(Exception):
 class ExecutionEnvironment:
     """One child process running one function's handler; `invoke` one event at a time."""
 
-    def __init__(self, function: FunctionSpec, on_notice: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        function: FunctionSpec,
+        on_notice: Callable[[str], None] | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> None:
         self.function = function
         self.on_notice = on_notice
+        self.on_output = on_output
         self.process: subprocess.Popen[bytes] | None = None
         self.init_seconds: float | None = None
         self.invocations = 0
@@ -100,6 +125,11 @@ class ExecutionEnvironment:
         # MotoProcess does; everything else, the stack's settings included, is os.environ as set.
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        if self.on_output is not None:
+            # On a pipe Python buffers stdout by the block: a metric or a log line would reach
+            # the stack seconds late (or never, if the environment is killed).
+            env["PYTHONUNBUFFERED"] = "1"
+        piped = subprocess.PIPE if self.on_output is not None else None
         try:
             self.process = subprocess.Popen(
                 [
@@ -111,18 +141,22 @@ class ExecutionEnvironment:
                     "--memory-mb", str(self.function.memory_mb),
                 ],
                 stdin=subprocess.PIPE,
+                stdout=piped,
+                stderr=piped,
                 pass_fds=(child_end.fileno(),),
                 env=env,
                 start_new_session=True,
             )  # fmt: skip
         finally:
             child_end.close()
+        self._read_output()
         self._connection = Connection(parent_end.detach())
         frame = self._receive(time.monotonic() + timeout)
         if frame is None or frame.get("type") != "ready":
             self.kill()
             if frame is not None and frame.get("type") == "init_error":
-                raise FunctionError(frame["errorMessage"], frame["errorType"], frame.get("stackTrace"))
+                raise FunctionError(frame["errorMessage"], frame["errorType"], frame.get("stackTrace"),
+                                    logged_by_function=True)
             raise FunctionError(
                 f"the execution environment of {self.function.name} did not start within {timeout:.0f} s",
                 "Runtime.ExitError" if frame is None and not self.alive else "Sandbox.Timedout",
@@ -168,9 +202,30 @@ class ExecutionEnvironment:
             if kind == "error":
                 if frame["errorType"] == "Runtime.ExitError":
                     self._reap()
-                raise FunctionError(frame["errorMessage"], frame["errorType"], frame.get("stackTrace"))
+                raise FunctionError(frame["errorMessage"], frame["errorType"], frame.get("stackTrace"),
+                                    logged_by_function=True)
             self.kill()
             raise FunctionError(f"RequestId: {request_id} Error: unexpected frame {kind!r}", "Runtime.ExitError")
+
+    def _read_output(self) -> None:
+        """A thread per piped stream, handing each line to `on_output` until the child's end of it
+        closes (the process exited, or was killed)."""
+        if self.on_output is None or self.process is None:
+            return
+        for name, stream in (("stdout", self.process.stdout), ("stderr", self.process.stderr)):
+            if stream is not None:
+                threading.Thread(target=self._forward_lines, args=(name, stream), daemon=True,
+                                 name=f"{self.function.logical_id}-{name}").start()
+
+    def _forward_lines(self, name: str, stream: Any) -> None:
+        on_output = self.on_output
+        assert on_output is not None
+        with stream:
+            for raw in iter(stream.readline, b""):
+                try:
+                    on_output(self.function.logical_id, name, raw.decode("utf-8", "replace").rstrip("\r\n"))
+                except Exception:  # a line the stack could not keep must not stop the child's output
+                    log.exception("%s: could not handle a line of its %s", self.function.logical_id, name)
 
     def _receive(self, deadline: float) -> dict[str, Any] | None:
         """The next frame, or None at the deadline or when the child's end closes."""
@@ -256,9 +311,11 @@ class EnvironmentPool:
         *,
         max_environments: int | None = None,
         on_notice: Callable[[str], None] | None = None,
+        on_output: OutputCallback | None = None,
         start_timeout: float = START_TIMEOUT_SECONDS,
     ) -> None:
         self.function = function
+        self.on_output = on_output
         self.name = function.logical_id
         self.max_environments = max(1, int(max_environments or function.concurrency))
         self.timeout = function.timeout
@@ -316,7 +373,7 @@ class EnvironmentPool:
                     self._take()
                     break
                 self._condition.wait()
-        environment = ExecutionEnvironment(self.function, self.on_notice)
+        environment = ExecutionEnvironment(self.function, self.on_notice, self.on_output)
         with self._condition:
             self._all.add(environment)
         try:

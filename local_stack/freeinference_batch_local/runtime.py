@@ -125,6 +125,30 @@ def _log_error(request_id: str, error: BaseException) -> None:
     )
 
 
+class _JsonLines(logging.Formatter):
+    """The runtime's own records (a failed invocation, an init error) as one JSON line each, as the
+    function's Powertools logs are: a traceback stays in its record, and every line of the
+    function's log names the function."""
+
+    def __init__(self, function_name: str) -> None:
+        super().__init__()
+        self.function_name = function_name
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "level": record.levelname,
+            "location": f"{record.funcName}:{record.lineno}",
+            "message": record.getMessage(),
+            "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.created))
+            + f",{int(record.msecs):03d}+0000",
+            "logger": record.name,
+            "function_name": self.function_name,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
 def serve(frames: _Frames, handler: Any, function_name: str, memory_mb: int) -> None:
     simulated_crash = _simulated_crash()
     while True:
@@ -162,11 +186,9 @@ def main() -> None:
     parser.add_argument("--function-name", required=True)
     parser.add_argument("--memory-mb", type=int, default=128)
     args = parser.parse_args()
-    logging.basicConfig(
-        level=os.environ.get("LOCAL_STACK_LOG_LEVEL", "INFO").upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s %(name)s [{args.function_name} pid {os.getpid()}]: %(message)s",
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonLines(args.function_name))
+    logging.basicConfig(level=os.environ.get("LOCAL_STACK_LOG_LEVEL", "INFO").upper(), handlers=[handler])
     _exit_when_stdin_closes()
     frames = _Frames(Connection(args.fd))
     started = time.perf_counter()

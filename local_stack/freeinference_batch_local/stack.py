@@ -346,6 +346,7 @@ class LocalStack:
         env: dict[str, str] | None = None,
         moto_in_process: bool = False,
         isolated_functions: bool = True,
+        logs: Any = None,
     ) -> None:
         self.root = Path(root) if root else repo_root()
         self.template_path = Path(template_path) if template_path else self.root / "template.yaml"
@@ -366,6 +367,10 @@ class LocalStack:
         # benchmarks): the functions then run on threads here, without Lambda's isolation.
         self.isolated_functions = isolated_functions
         self.pools: dict[str, Any] = {}  # function logical id -> EnvironmentPool, when isolated
+        # Where the functions' output goes (function_logs.FunctionLogs), their metrics forwarded
+        # to moto's CloudWatch; None: to this process's stdout and stderr, metrics nowhere.
+        self.logs = logs
+        self._stdout_before: Any = None
         self.upstream: Any = None
         self.api: Any = None
         self.functions: dict[str, FunctionSpec] = {}
@@ -444,6 +449,16 @@ class LocalStack:
         }
         resources = TemplateResources(template, clients)
         resources.create_all()
+        if self.logs is not None:
+            from botocore.config import Config
+
+            from freeinference_batch_local.metrics_forward import CloudWatchForwarder
+
+            # An app id of its own, not the service's (set below, inherited by clients made
+            # later): the fault injector leaves the stack's stand-in for CloudWatch Logs alone.
+            self.logs.metrics = CloudWatchForwarder(session.client(
+                "cloudwatch", endpoint_url=self.moto_endpoint,
+                config=Config(user_agent_appid="freeinference-batch-local-stack")))
         self._put_upstream_key(template, resources, clients["secretsmanager"])
         template_env, from_resources = template_environment(template, resources)
         env = {}
@@ -490,6 +505,14 @@ class LocalStack:
 
         self.functions = functions_from_template(template, self.root)
         self._warn_per_function_env(template)
+        if self.logs is not None:
+            self.logs.function_names.update({spec.logical_id: spec.name for spec in self.functions.values()})
+            if not self.isolated_functions:
+                from freeinference_batch_local.function_logs import InProcessOutput
+
+                # On threads the functions print their metrics to this process's stdout.
+                self._stdout_before = sys.stdout
+                sys.stdout = InProcessOutput(self.logs, sys.stdout)
         # The environments start after the mark is set: they inherit it with the rest of os.environ.
         if self.isolated_functions:
             self._start_pools()
@@ -541,7 +564,11 @@ class LocalStack:
         from freeinference_batch_local.environments import EnvironmentPool
 
         for logical_id, spec in self.functions.items():
-            self.pools[logical_id] = EnvironmentPool(spec, on_notice=lambda _what: self._wake_pollers())
+            self.pools[logical_id] = EnvironmentPool(
+                spec,
+                on_notice=lambda _what: self._wake_pollers(),
+                on_output=self.logs.write if self.logs is not None else None,
+            )
         failures: list[BaseException] = []
 
         def prewarm(pool: Any) -> None:
@@ -708,6 +735,12 @@ class LocalStack:
             with _logged("execution environments"):
                 close_pools(list(self.pools.values()))
             self.pools = {}
+        if self._stdout_before is not None:
+            sys.stdout.flush()
+            sys.stdout, self._stdout_before = self._stdout_before, None
+        if self.logs is not None:
+            with _logged("metrics forwarder"):
+                self.logs.close_metrics()  # while moto still answers
         if self.upstream is not None:
             with _logged("upstream simulator"):
                 self.upstream.stop()
@@ -785,17 +818,56 @@ def _logged(what: str):
 # ---------------------------------------------------------------- `freeinference-batch dev`
 
 
-def run_local_stack() -> None:
+class _OneLine(logging.Formatter):
+    """The quiet terminal's form of the stack's own records: the first line of the message, no
+    traceback (it is in `.local-stack/logs/local-stack.log`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        first = (record.getMessage().splitlines() or [""])[0]
+        return f"{self.formatTime(record, '%H:%M:%S')} {record.levelname} {record.name.rsplit('.', 1)[-1]}: {first}"
+
+
+def _not_logged_by_the_function(record: logging.LogRecord) -> bool:
+    # A failed invocation the function logged itself (its ERROR line is already on the terminal)
+    # is also logged by the poller, timer or API that called it: one terminal line per error.
+    from freeinference_batch_local.environments import FunctionError
+
+    error = record.exc_info[1] if record.exc_info else None
+    return not (isinstance(error, FunctionError) and error.logged_by_function)
+
+
+def _configure_logging(logs_dir: Path, verbose: bool) -> None:
+    """The stack's own records: all of them to `local-stack.log`; to the terminal, all with
+    `verbose`, else its warnings and errors, one line each."""
+    full = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    to_file = logging.FileHandler(logs_dir / "local-stack.log", mode="w", encoding="utf-8")
+    to_file.setFormatter(full)
+    to_terminal = logging.StreamHandler(sys.stderr)
+    if verbose:
+        to_terminal.setFormatter(full)
+    else:
+        to_terminal.setLevel(logging.WARNING)
+        to_terminal.setFormatter(_OneLine())
+        to_terminal.addFilter(_not_logged_by_the_function)
+    logging.basicConfig(level=os.environ.get("LOCAL_STACK_LOG_LEVEL", "INFO").upper(),
+                        handlers=[to_file, to_terminal])
+
+
+def run_local_stack(verbose: bool = False) -> None:
     """Run the local stack in the foreground until SIGINT/SIGTERM; exit normally (code 0) then.
 
-    stdout gets exactly one line, the base URL and the dev key (the e2e tests read it); all
-    logs, the handlers' included (Powertools logs and metrics write to stdout), go to stderr.
+    stdout gets exactly one line, the base URL and the dev key (the e2e tests read it). The
+    functions' output goes to `.local-stack/logs/<function>.jsonl` (function_logs.py), the
+    stack's own log to `.local-stack/logs/local-stack.log`; stderr gets a readable line per batch
+    status change and per error, or with `verbose` every log line.
     """
-    logging.basicConfig(
-        level=os.environ.get("LOCAL_STACK_LOG_LEVEL", "INFO").upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from freeinference_batch_local.function_logs import LOGS_DIR, FunctionLogs
+    from freeinference_batch_local.state import STATE_DIR
+
+    logs_dir = Path.cwd() / STATE_DIR / LOGS_DIR
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    _configure_logging(logs_dir, verbose)
+    logs = FunctionLogs(logs_dir, sys.stderr, verbose=verbose)
     stop = threading.Event()
     previous: dict[int, Any] = {}
 
@@ -814,7 +886,7 @@ def run_local_stack() -> None:
     os.dup2(2, 1)  # fd 1 is stderr from now on: only our one line reaches the real stdout
     # 127.0.0.1 unless LOCAL_STACK_HOST says otherwise: on Linux, `sam local`'s containers reach
     # the host only on an address other than loopback (LOCAL_STACK_HOST=0.0.0.0, README).
-    stack = LocalStack(host=os.environ.get(LOCAL_HOST_ENV) or "127.0.0.1")
+    stack = LocalStack(host=os.environ.get(LOCAL_HOST_ENV) or "127.0.0.1", logs=logs)
     try:
         try:
             stack.start()
@@ -833,6 +905,7 @@ def run_local_stack() -> None:
             pass
     finally:
         stack.stop()
+        logs.close()
         log.info("local stack stopped")
         sys.stdout.flush()
         os.dup2(real_stdout, 1)

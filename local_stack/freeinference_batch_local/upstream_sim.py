@@ -9,7 +9,9 @@ anywhere in any message's text steer one request:
 - `[sim:status=CODE]`  answer every attempt with HTTP CODE and an OpenAI-style error body;
 - `[sim:fail=CODE*N]`  fail the first N attempts of this request with CODE, then succeed;
 - `[sim:hang]`         never answer: hold the connection until the client gives up or the
-                       simulator stops.
+                       simulator stops;
+- `[sim:pad=N]`        add N characters ("é", 6 bytes each once JSON-escaped) to the reply: an
+                       answer too big for a page of results (about 1,000,000 is past 6 MB).
 
 "This request" is the `X-FreeInference-Request-Id` header when the caller sends one (the worker
 sends "<batch id>:<position>"), else a hash of the body, so retries of the same request share an
@@ -42,6 +44,8 @@ _LATENCY = re.compile(r"\[sim:latency=([0-9]*\.?[0-9]+)\]")
 _STATUS = re.compile(r"\[sim:status=(\d{3})\]")
 _FAIL = re.compile(r"\[sim:fail=(\d{3})\*(\d+)\]")
 _HANG = re.compile(r"\[sim:hang\]")
+_PAD = re.compile(r"\[sim:pad=(\d+)\]")
+_PAD_CHARACTER = "é"
 _ANY_DIRECTIVE = re.compile(r"\[sim:[^\]]*\]")
 
 # Reply = prefix + this many words echoed from the last user message.
@@ -121,6 +125,8 @@ class _Directives:
         self.fail_status = int(fail.group(1)) if fail else None
         self.fail_count = int(fail.group(2)) if fail else 0
         self.hang = bool(_HANG.search(joined))
+        pad = _PAD.search(joined)
+        self.pad = int(pad.group(1)) if pad else 0
 
 
 class _Server(ThreadingHTTPServer):
@@ -358,8 +364,10 @@ class UpstreamSimulator:
             )
 
         text, truncated = reply_for(model, messages, max_tokens)
-        prompt = prompt_tokens(messages)
         completion = len(text.split())
+        if directives.pad:
+            text += " " + _PAD_CHARACTER * directives.pad
+        prompt = prompt_tokens(messages)
         return 200, {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",

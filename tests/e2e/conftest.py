@@ -8,7 +8,9 @@
 A `StackProcess` has `base_url`, `key` (the dev key, internal tier), `cwd` (where its
 `.local-stack/state.json` lives), `api(key=None)`, `admin(*args)` and `create_key(account, ...)`
 (the real admin CLI, run in the stack's cwd), `set_clock_offset(seconds)` (moves the stack's
-clock via BATCH_CLOCK_OFFSET_FILE), `stderr_text()` and `stop()`.
+clock via BATCH_CLOCK_OFFSET_FILE), `terminal_text()` (its stderr: what a person sees), `stderr_text()`
+(that, then its logs in `.local-stack/logs/`: a failing test's context) and `stop()`. A stack is
+quiet, as `make dev` is, unless started with `verbose=True` (`dev --verbose`).
 
 Every wait here has a deadline (`Api.wait_for`); nothing sleeps and hopes.
 """
@@ -215,11 +217,18 @@ class StackProcess:
         """Move the stack's clock (and every process sharing BATCH_CLOCK_OFFSET_FILE) by `seconds`."""
         clock.set_offset(self.env["BATCH_CLOCK_OFFSET_FILE"], seconds)
 
+    @property
+    def logs_dir(self) -> Path:
+        return self.cwd / ".local-stack" / "logs"
+
+    def terminal_text(self) -> str:
+        """What the stack wrote to its stderr: a person's terminal."""
+        return _read(self.stderr_path)
+
     def stderr_text(self) -> str:
-        try:
-            return self.stderr_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        """The terminal's text, then every function's log and the stack's own, which is last (the
+        tail a failure message shows): a quiet stack keeps the details there."""
+        return stack_output(self.stderr_path, self.logs_dir)
 
     @property
     def running(self) -> bool:
@@ -249,8 +258,22 @@ class StackProcess:
 _started: list[StackProcess] = []
 
 
-def launch_stack(cwd: Path, **env_overrides: str) -> StackProcess:
-    """Start `freeinference-batch dev` in `cwd` and wait (60 s at most) for its one stdout line."""
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def stack_output(stderr_path: Path, logs_dir: Path) -> str:
+    files = [*sorted(logs_dir.glob("*.jsonl")), logs_dir / "local-stack.log"]
+    sections = [_read(stderr_path)] + [f"--- {path.name} ---\n{_read(path)}" for path in files if path.is_file()]
+    return "\n".join(sections)
+
+
+def launch_stack(cwd: Path, *, verbose: bool = False, **env_overrides: str) -> StackProcess:
+    """Start `freeinference-batch dev` (`--verbose` if asked) in `cwd` and wait (60 s at most) for
+    its one stdout line."""
     cwd.mkdir(parents=True, exist_ok=True)
     env = {
         name: value
@@ -270,7 +293,7 @@ def launch_stack(cwd: Path, **env_overrides: str) -> StackProcess:
     started = time.monotonic()
     with open(stderr_path, "wb") as stderr:  # a file, not a pipe: a chatty stack never blocks on it
         proc = subprocess.Popen(
-            DEV_COMMAND,
+            [*DEV_COMMAND, "--verbose"] if verbose else DEV_COMMAND,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -289,7 +312,7 @@ def launch_stack(cwd: Path, **env_overrides: str) -> StackProcess:
     if not found:
         proc.kill()
         proc.wait(10)
-        log = stderr_path.read_text(errors="replace")
+        log = stack_output(stderr_path, cwd / ".local-stack" / "logs")
         pytest.fail(
             f"the local stack did not start within {START_TIMEOUT_SECONDS} s (exit code {proc.returncode}); "
             f"stdout line: {line!r}\n--- stderr ---\n{log[-20000:]}"
@@ -309,11 +332,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProcess]:
 
 @pytest.fixture
 def start_stack() -> Iterator[Callable[..., StackProcess]]:
-    """`start_stack(tmp_path, **env)`: a stack of the test's own (SHORT_TIMINGS unless overridden)."""
+    """`start_stack(tmp_path, verbose=False, **env)`: a stack of the test's own (SHORT_TIMINGS unless
+    overridden)."""
     mine: list[StackProcess] = []
 
-    def start(tmp_path: Path, **env: str) -> StackProcess:
-        process = launch_stack(Path(tmp_path) / f"stack-{len(mine)}", **{**SHORT_TIMINGS, **env})
+    def start(tmp_path: Path, verbose: bool = False, **env: str) -> StackProcess:
+        process = launch_stack(Path(tmp_path) / f"stack-{len(mine)}", verbose=verbose, **{**SHORT_TIMINGS, **env})
         mine.append(process)
         return process
 

@@ -51,6 +51,8 @@ API_ROUTES = {
     ("POST", "/v1/webhook_endpoints/{endpoint_id}/test"),
     ("GET", "/v1/webhook_event_types"),
 }
+# The web console's files, on the same HTTP API (ConsoleFunction).
+CONSOLE_ROUTES = {("GET", "/"), ("GET", "/console/{file+}")}
 # Environment variables the functions read that are not `Settings` fields.
 NON_SETTINGS_ENV = {
     "AWS_ENDPOINT_URL",  # read by boto3 itself
@@ -355,14 +357,32 @@ def test_every_handler_file_exists(functions: dict[str, dict[str, Any]]) -> None
         assert handler in defined, f"{logical_id}: {source.relative_to(REPO)} defines no {handler}"
 
 
+def _routes(properties: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(event["Method"].upper(), event["Path"]) for event in _events_of_type(properties, "HttpApi")
+            if event.get("ApiId") == {"Ref": "BatchApi"}}
+
+
 def test_api_has_its_routes(functions: dict[str, dict[str, Any]]) -> None:
-    routes = {
-        (event["Method"].upper(), event["Path"])
-        for properties in functions.values()
-        for event in _events_of_type(properties, "HttpApi")
-        if event.get("ApiId") == {"Ref": "BatchApi"}
-    }
-    assert routes == API_ROUTES
+    assert _routes(functions["ApiFunction"]) == API_ROUTES
+    # The only other routes are the console's: the API stays under /v1, the console outside it.
+    others = {logical_id: _routes(properties) for logical_id, properties in functions.items()
+              if logical_id != "ApiFunction" and _routes(properties)}
+    assert others == {"ConsoleFunction": CONSOLE_ROUTES}
+    assert not any(path.startswith("/v1") for _, path in CONSOLE_ROUTES)
+
+
+def test_the_console_ships_with_its_function_and_the_bucket_lets_it_read_body_urls(
+    template: dict[str, Any], functions: dict[str, dict[str, Any]]
+) -> None:
+    console = functions["ConsoleFunction"]
+    static = REPO / console["CodeUri"] / "static"
+    assert {"index.html", "console.js", "console.css"} <= {path.name for path in static.iterdir()}
+    assert "Policies" not in console, "the console makes no AWS call: its role needs nothing"
+    (rule,) = template["Resources"]["PayloadBucket"]["Properties"]["CorsConfiguration"]["CorsRules"]
+    assert rule["AllowedMethods"] == ["GET"]
+    assert rule["AllowedOrigins"] == [{"Fn::Sub": "https://*.execute-api.${AWS::Region}.${AWS::URLSuffix}"}]
+    console_url = template["Outputs"]["ConsoleUrl"]["Value"]["Fn::Sub"]
+    assert console_url.startswith("https://${BatchApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}")
 
 
 def test_every_queue_has_a_dead_letter_queue(template: dict[str, Any],
@@ -634,3 +654,21 @@ def test_the_upstream_timeout_fits_the_worker_invocation(template: dict[str, Any
     for timeout in (parameter["Default"], parameter["MaxValue"]):
         config = Settings(BATCH_UPSTREAM_TIMEOUT_SECONDS=str(timeout))  # type: ignore[call-arg]
         assert config.lease_seconds >= timeout + config.batch_settle_seconds
+
+
+def test_the_dashboard_shows_the_per_model_metrics_the_workers_publish_beside_the_alarms(
+    template: dict[str, Any]
+) -> None:
+    from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
+
+    (dashboard,) = resources_of_type(template, "AWS::CloudWatch::Dashboard").values()
+    body, variables = dashboard["Properties"]["DashboardBody"]["Fn::Sub"]
+    text = re.sub(r"\$\{[^}]+\}", "x", body)  # as CloudFormation substitutes them: plain strings
+    widgets = json.loads(text)["widgets"]
+    expressions = json.dumps([w["properties"].get("metrics") for w in widgets])
+    for metric in (COMPLETED_BY_MODEL, FAILED_BY_MODEL):
+        assert f'{{FreeInferenceBatch,model,service}} MetricName=\\"{metric}\\"' in expressions, metric
+    (alarms,) = [w for w in widgets if w["type"] == "alarm"]
+    assert len(alarms["properties"]["alarms"]) == len(variables)
+    assert all(value["Fn::GetAtt"][1] == "Arn" and value["Fn::GetAtt"][0].endswith("Alarm")
+               for value in variables.values())

@@ -52,6 +52,12 @@ def test_the_layer_holds_the_service_package_and_its_requirements_only():
     assert entries == {"freeinference_batch", "requirements.in", "requirements.txt"}
 
 
+def test_the_web_console_ships_with_its_function_not_in_the_layer():
+    # The layer answers for a folder of files (console_site.py); the files are the console's own.
+    assert not [p for p in LAYER.rglob("*") if p.suffix in {".html", ".js", ".css", ".svg"}]
+    assert (REPO / "functions" / "console" / "static" / "index.html").is_file()
+
+
 def test_the_client_cli_and_local_stack_are_not_in_the_service_package():
     for moved in ("local", "cli", "client.py", "openai_files.py"):
         assert not (PACKAGE / moved).exists(), f"{moved} belongs to clients/ or local_stack/, not the layer"

@@ -27,12 +27,15 @@ main.add_command(admin.admin)
 
 
 @main.command()
-def dev() -> None:
+@click.option("--verbose", is_flag=True,
+              help="Every function's JSON log lines on the terminal, not only batch status changes and errors "
+                   "(they are in .local-stack/logs/ either way).")
+def dev(verbose: bool) -> None:
     """Run the whole service on this machine (moto, API, workers, schedules, simulated upstream)."""
     # Imported here: the local stack pulls in moto and the handlers, which no other command needs.
     from freeinference_batch_local.stack import run_local_stack
 
-    run_local_stack()
+    run_local_stack(verbose=verbose)
 
 
 # User commands live in their own module; register them once it exists.

@@ -299,3 +299,60 @@ def faults_command(ctx: click.Context) -> None:
         raise click.ClickException(f"Cannot read the fault counts from the local stack's moto server {endpoint}: "
                                    f"{error}") from error
     click.echo(json.dumps(counts))
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+@admin.command("status")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables")
+@click.pass_context
+@_clear_errors
+def status_command(ctx: click.Context, as_json: bool) -> None:
+    """The service now: per model the batch cap (after interactive load and upstream backoff),
+    slots held, requests queued and running, completions and failures in the last 5 and 60
+    minutes and the backlog's drain time; per account with unfinished batches, their number and
+    today's usage against the quota. Counts of the last minutes come from CloudWatch (the
+    workers' per-model metrics; the local stack forwards them to its moto server), the rest
+    from the tables."""
+    import time
+
+    from freeinference_batch import clock
+    from freeinference_batch.operator_status import operator_status, recent_counts
+
+    settings = _settings(ctx)
+    catalog = load_catalog()
+    now = clock.now(settings.clock_offset_file)
+    # CloudWatch is asked in wall-clock time: metrics are stamped when they were published.
+    recent = recent_counts(sorted(catalog.models), time.time())
+    status = operator_status(settings, catalog, now, recent)
+    if as_json:
+        click.echo(json.dumps(status.as_dict(), indent=2))
+        return
+    rows = [("model", "cap", "of", "load", "slots", "queued", "running", "done 5m", "failed 5m", "done 60m",
+             "failed 60m", "drain")]
+    for model in status.models:
+        rows.append((model.model, str(model.batch_cap) + (" (backoff)" if model.backed_off else ""),
+                     str(model.configured_cap), str(model.interactive_inflight), str(model.slots_held),
+                     str(model.requests_queued), str(model.requests_running), str(model.completed_5m),
+                     str(model.failed_5m), str(model.completed_60m), str(model.failed_60m),
+                     _minutes(model.drain_seconds)))
+    _echo_table(rows)
+    click.echo("")
+    accounts = [("account", "unfinished batches", "usage today (USD)", "daily quota (USD)")]
+    for account in status.accounts:
+        quota = f"{account.daily_quota_usd:.2f}" if account.daily_quota_usd is not None else "-"
+        accounts.append((account.account_id, str(account.unfinished_batches), f"{account.usage_usd_today:.6f}", quota))
+    if len(accounts) == 1:
+        click.echo("no account has an unfinished batch")
+    else:
+        _echo_table(accounts)
+
+
+def _echo_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -17,7 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from freeinference_batch import accounts, aws, batches, results, webhooks
 from freeinference_batch.errors import ApiError, NotFound, ServiceUnavailable
-from freeinference_batch.observability import logger
+from freeinference_batch.observability import log_status_change, logger
 from freeinference_batch.settings import get_settings
 
 app = APIGatewayHttpResolver(strip_prefixes=[])
@@ -55,8 +55,8 @@ def create_batch() -> Response:
     if created.replayed:
         logger.info("batch create replayed", extra={"batch_id": batch["id"], "account_id": principal.account_id})
         return _json(200, batch, {"Idempotent-Replayed": "true"})
-    logger.info("batch created", extra={"batch_id": batch["id"], "account_id": principal.account_id,
-                                        "requests": batch["request_counts"]["total"]})
+    log_status_change("batch created", batch["id"], batch["status"], None, account_id=principal.account_id,
+                      requests=batch["request_counts"]["total"])
     return _json(200, batch)
 
 
@@ -90,8 +90,7 @@ def cancel_batch(batch_id: str) -> Response:
 @app.delete("/v1/batches/<batch_id>")
 def delete_batch(batch_id: str) -> Response:
     principal = _principal()
-    answer = batches.delete_batch(get_settings(), principal, batch_id)
-    logger.info("batch deleted", extra={"batch_id": batch_id})
+    answer = batches.delete_batch(get_settings(), principal, batch_id)  # logs the change itself
     return _json(200, answer)
 
 

@@ -92,6 +92,10 @@ def events() -> Any:
     return _client("events")
 
 
+def cloudwatch() -> Any:
+    return _client("cloudwatch")
+
+
 @cache
 def _secrets() -> SecretsProvider:
     # Our own provider on our own client (not Powertools' module-level default): it follows

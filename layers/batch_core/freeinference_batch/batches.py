@@ -21,7 +21,7 @@ from freeinference_batch.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
-from freeinference_batch.observability import logger
+from freeinference_batch.observability import log_status_change, logger
 from freeinference_batch.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import input_chunks
@@ -316,6 +316,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
                 raise _busy("cancelling the batch") from None
             except TransactionFailed:
                 continue  # a request started meanwhile: look again
+            log_status_change("batch cancelled", batch_id, BatchStatus.CANCELLED, meta.status)
         else:
             updated = table.update_meta(
                 batch_id, "SET #status = :cancelling, cancelling_at = :now", "#status = :old AND running > :zero",
@@ -323,6 +324,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             )
             if updated is None:
                 continue
+            log_status_change("batch cancelling", batch_id, BatchStatus.CANCELLING, meta.status)
         return views.batch_object(owned_meta(settings, principal, batch_id))
     # The batch kept changing under us (requests starting and settling): a passing condition.
     raise _busy("cancelling the batch")
@@ -358,6 +360,7 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
     except TransactionFailed:
         raise Conflict(f"Batch {batch_id} changed while it was being deleted (a request may have started); "
                        "cancel it, wait for it to finish, then delete it", code="batch_running") from None
+    log_status_change("batch deleted", batch_id, BatchStatus.DELETED, meta.status)
     # After the batch is deleted (no new link to a response is given from now on), its stored
     # responses go, so the links already given stop working now, not when they expire. Bounded
     # within the API's 30 s; what is left (a batch of tens of thousands of stored responses) the

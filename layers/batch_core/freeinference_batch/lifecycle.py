@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from freeinference_batch import accounts
+from freeinference_batch.observability import log_status_change
 from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
@@ -80,6 +81,7 @@ def try_finalize(settings: Settings, table: BatchTable, meta: BatchRecord, now: 
         transact([element, accounts.unfinished_decrement_update(settings, meta.account_id)])
     except TransactionFailed:
         return None  # someone else finalized it, or it changed; the next look decides again
+    log_status_change(f"batch {final}", meta.id, final, meta.status)
     return final
 
 

@@ -332,6 +332,10 @@ def get_model_load(settings: Settings, model: str) -> dict[str, Any] | None:
     return _from_item(answer.get("Item"))
 
 
+def get_model_backoff(settings: Settings, model: str) -> Backoff | None:
+    return backoff_of(_get(settings, backoff_item_key(model)))
+
+
 # -- model backoff --
 
 

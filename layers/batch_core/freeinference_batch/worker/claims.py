@@ -8,8 +8,8 @@ import random
 import uuid
 
 from freeinference_batch import fairness, lifecycle, validation
-from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage, RequestStatus
+from freeinference_batch.observability import log_status_change, logger
+from freeinference_batch.schemas import BatchStatus, RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
@@ -117,6 +117,10 @@ class Claims:
             # after all, its request runs nowhere, and the sweep takes it back by its lease.
             self._give_back(message, meta, holder, taken, now)
             raise
+        if meta.status == BatchStatus.VALIDATING:
+            # The claim moved it to in_progress (another chain's first claim may have too, at the
+            # same moment: the transaction cannot say which was first).
+            log_status_change("batch started", message.batch_id, BatchStatus.IN_PROGRESS, meta.status)
         metric("QueueWait", max(0.0, now - sent), "Seconds")
         tally = Tally(message.model, meta.lane_widths[message.model], head=message.index, since=now)
         return Claimed(message, meta, token, holder, has_record=True, tally=tally, capacity=verdict.capacity,

@@ -4,7 +4,10 @@ claimed and to run, or a chain leaves its invocation."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
+
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 from freeinference_batch import model_backoff
 from freeinference_batch.observability import metrics
@@ -13,12 +16,35 @@ from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.runs import Tally
 
 _metrics_lock = threading.Lock()
+# Requests settled per (metric, model) in this invocation, published per model by the handler
+# (`publish_model_counts`): the shared metrics carry only the service dimension, which the
+# alarms on them match exactly, so the per-model counts are metrics of their own.
+_model_counts: Counter[tuple[str, str]] = Counter()
+COMPLETED_BY_MODEL = "RequestsCompletedByModel"
+FAILED_BY_MODEL = "RequestsFailedByModel"
 
 
 def metric(name: str, value: float = 1, unit: str = "Count") -> None:
     # Records run in threads of one invocation, and Powertools' metrics are not thread-safe.
     with _metrics_lock:
         metrics.add_metric(name=name, unit=unit, value=value)
+
+
+def count_settled(model: str, completed: bool) -> None:
+    with _metrics_lock:
+        _model_counts[(COMPLETED_BY_MODEL if completed else FAILED_BY_MODEL, model)] += 1
+
+
+def publish_model_counts() -> None:
+    """One EMF record per (metric, model) counted since the last call, with dimensions service and
+    model (what the dashboard and `admin status` read)."""
+    with _metrics_lock:
+        counts = dict(_model_counts)
+        _model_counts.clear()
+    for (name, model), value in sorted(counts.items()):
+        with single_metric(name=name, unit=MetricUnit.Count, value=value, namespace=metrics.namespace,
+                           default_dimensions={"service": metrics.service}) as metric_record:
+            metric_record.add_dimension(name="model", value=model)
 
 
 @dataclass

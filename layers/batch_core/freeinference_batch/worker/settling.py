@@ -25,7 +25,7 @@ from freeinference_batch.store.leases import Leases
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, remaining
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
-from freeinference_batch.worker.outcomes import Claimed, Done, Leave, Parked, metric
+from freeinference_batch.worker.outcomes import Claimed, Done, Leave, Parked, count_settled, metric
 from freeinference_batch.worker.overload import adjust_model_cap
 from freeinference_batch.worker.waiting import WaitingRoom
 
@@ -86,6 +86,8 @@ class Settler:
             if outcome.usage:  # the model served it, though its answer cannot be kept
                 settled["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
 
+        # Counted as this run's outcome, settled by the hand-over or the plain settle below.
+        count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         following = self.chains.following(message, meta)
         leave = Leave()
         if following is not None and may_hand_over(self.settings, invocation, time.monotonic()):

@@ -1,0 +1,469 @@
+"""The web console in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`,
+which `make install` installs) driven by Selenium against the session's local stack.
+
+One browser session for the module (starting Chromium costs seconds), one account of its own
+(`e2e-console`), so its batches are the only ones it lists. The tests run in file order and
+leave the browser signed in. Every wait has a deadline (WebDriverWait); nothing sleeps.
+
+Screenshots of each page are written to $CONSOLE_SCREENSHOTS (the user guide's come from
+`CONSOLE_SCREENSHOTS=docs/console .venv/bin/pytest tests/e2e/test_console.py`), else to a
+temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from conftest import REPO, Api, StackProcess, wait_for
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+# Without a network, Chromium waits on refused connections (updates, sync, QUIC probes): these
+# flags keep it from trying any.
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--window-size=1280,1000",
+]
+CLI = [sys.executable, "-c", "from freeinference_batch_client.cli import main; main()"]
+MODEL = "glm-5.3-flash"
+WAIT_SECONDS = 60.0
+# Three kinds of markup a page that used innerHTML would turn into elements (and, without the CSP,
+# run): an image whose error handler sets a flag, a script, and a bold tag.
+XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script><b>bold</b>'
+
+
+def request(custom_id: str, content: str = "Hello", **body: Any) -> dict:
+    return {"custom_id": custom_id, "body": {"model": MODEL, "messages": [{"role": "user", "content": content}],
+                                             **body}}
+
+
+@pytest.fixture(scope="module")
+def key(stack: StackProcess) -> str:
+    return stack.create_key("e2e-console", tier="internal")
+
+
+@pytest.fixture(scope="module")
+def api(stack: StackProcess, key: str) -> Api:
+    return stack.api(key)
+
+
+@pytest.fixture(scope="module")
+def origin(stack: StackProcess) -> str:
+    return stack.base_url.removesuffix("/v1")
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = Path(os.environ.get("CONSOLE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterator[WebDriver]:
+    if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
+        message = "chromium and chromedriver are missing: `make install` installs Debian's chromium and chromium-driver"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                              "download.prompt_for_download": False})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def until(driver: WebDriver, condition: Callable[[WebDriver], Any], message: str, timeout: float = WAIT_SECONDS) -> Any:
+    def checked(d: WebDriver) -> Any:
+        try:
+            return condition(d)
+        except StaleElementReferenceException:  # the page redrew the element: look again
+            return None
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(checked, message)
+    except TimeoutException:
+        # What the page showed, for the failure's message: its error line and a screenshot.
+        shot = Path(os.environ.get("CONSOLE_SCREENSHOTS") or "/tmp") / "console-timeout.png"
+        driver.save_screenshot(str(shot))
+        error = driver.find_elements(By.ID, "error")
+        shown = error[0].text if error else ""
+        raise AssertionError(f"timed out after {timeout} s waiting for {message}; page error: {shown!r}; "
+                             f"url {driver.current_url}; screenshot {shot}") from None
+
+
+def by_id(driver: WebDriver, element_id: str) -> WebElement:
+    return driver.find_element(By.ID, element_id)
+
+
+def visible(driver: WebDriver, element_id: str) -> bool:
+    return by_id(driver, element_id).is_displayed()
+
+
+def batch_row(driver: WebDriver, batch_id: str) -> WebElement | None:
+    rows = driver.find_elements(By.CSS_SELECTOR, f'#batches-table tr[data-batch-id="{batch_id}"]')
+    return rows[0] if rows else None
+
+
+def row_progress(driver: WebDriver, batch_id: str) -> tuple[int, int] | None:
+    row = batch_row(driver, batch_id)
+    if row is None:
+        return None
+    bar = row.find_element(By.TAG_NAME, "progress")
+    return int(float(bar.get_attribute("value"))), int(float(bar.get_attribute("max")))
+
+
+def sign_in(driver: WebDriver, origin: str, key: str) -> None:
+    driver.get(origin + "/")
+    if not visible(driver, "sign-in-view"):
+        return
+    field = by_id(driver, "api-key")
+    field.clear()
+    field.send_keys(key)
+    by_id(driver, "sign-in-form").submit()
+    until(driver, lambda d: visible(d, "batches-view"), "the batches view after signing in")
+
+
+def open_batch(driver: WebDriver, origin: str, batch_id: str) -> None:
+    driver.get(f"{origin}/#/batches/{batch_id}")
+    until(driver, lambda d: visible(d, "batch-view") and by_id(d, "batch-title").text == batch_id
+          and by_id(d, "batch-view").get_attribute("aria-busy") == "false", "the batch view loaded")
+
+
+def result_rows(driver: WebDriver) -> list[WebElement]:
+    return driver.find_elements(By.CSS_SELECTOR, "#results-table tbody tr")
+
+
+def screenshot(driver: WebDriver, shots: Path, name: str) -> None:
+    driver.save_screenshot(str(shots / f"{name}.png"))
+
+
+def csp_violations(driver: WebDriver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if "Content Security Policy" in entry["message"]]
+
+
+# ---------------------------------------------------------------- served as files, with headers
+
+
+def test_every_console_answer_carries_a_csp_without_unsafe_inline(origin: str, stack: StackProcess) -> None:
+    for path in ("/", "/console/console.js", "/console/console.css", "/console/favicon.svg", "/console/nothing.js"):
+        answer = requests.get(origin + path, timeout=30)
+        assert answer.status_code == (404 if "nothing" in path else 200), path
+        policy = answer.headers["Content-Security-Policy"]
+        directives = dict(part.strip().split(" ", 1) for part in policy.split(";"))
+        assert "unsafe-inline" not in policy and "unsafe-eval" not in policy, path
+        assert directives["default-src"] == "'none'"
+        for kind in ("script-src", "style-src", "img-src"):
+            assert directives[kind] == "'self'", (path, kind)
+        # The API, and the payload bucket a presigned body_url points at (here: the moto server).
+        moto = json.loads(stack.state_file.read_text())["env"]["AWS_ENDPOINT_URL"]
+        assert directives["connect-src"].split() == ["'self'", moto.rstrip("/")], path
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
+        assert directives["frame-ancestors"] == "'none'"
+    assert requests.get(origin + "/console/console.js", timeout=30).headers["Content-Type"].startswith(
+        "text/javascript")
+    # The API stays under /v1: an unknown path is API Gateway's 404, not the console.
+    assert requests.get(origin + "/v2/batches", timeout=30).json() == {"message": "Not Found"}
+
+
+def test_the_console_never_builds_html_from_strings() -> None:
+    script = (REPO / "functions" / "console" / "static" / "console.js").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in script, sink
+    page = (REPO / "functions" / "console" / "static" / "index.html").read_text()
+    assert not re.search(r"<script(?![^>]*\bsrc=)", page), "an inline script"
+    assert " style=" not in page and "<style" not in page, "an inline style"
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "something from another origin"
+
+
+# ---------------------------------------------------------------- in the browser
+
+
+def test_sign_in_keeps_the_key_in_this_tab_only_and_sign_out_forgets_it(
+    browser: WebDriver, origin: str, key: str, shots: Path
+) -> None:
+    browser.get(origin + "/")
+    until(browser, lambda d: visible(d, "sign-in-view"), "the sign-in view")
+    field = by_id(browser, "api-key")
+    assert field.get_attribute("type") == "password"
+    assert browser.find_element(By.CSS_SELECTOR, 'label[for="api-key"]').text == "API key"
+    screenshot(browser, shots, "sign-in")
+
+    # A refused key: an error, and nothing stored
+    field.send_keys("hyi-not-a-key")
+    field.send_keys("\n")
+    until(browser, lambda d: visible(d, "error") and "refused" in by_id(d, "error").text, "the refusal")
+    assert browser.execute_script("return sessionStorage.length") == 0
+
+    # The right key: the batches view; the key in sessionStorage only, never in the URL or a cookie
+    field.clear()
+    field.send_keys(key + "\n")
+    until(browser, lambda d: visible(d, "batches-view"), "the batches view")
+    assert browser.execute_script("return Object.values(sessionStorage)") == [key]
+    assert browser.execute_script("return localStorage.length") == 0
+    assert browser.get_cookies() == []
+    assert key not in browser.current_url
+    assert not visible(browser, "error")
+
+    # Sign out: the key is gone, and a reload asks for it again
+    by_id(browser, "sign-out").click()
+    until(browser, lambda d: visible(d, "sign-in-view"), "the sign-in view after signing out")
+    assert browser.execute_script("return sessionStorage.length") == 0
+    browser.refresh()
+    until(browser, lambda d: visible(d, "sign-in-view"), "the sign-in view after a reload")
+    sign_in(browser, origin, key)
+
+
+def test_a_running_batch_progress_moves_in_the_list_and_on_its_page(
+    browser: WebDriver, origin: str, key: str, api: Api, shots: Path
+) -> None:
+    # Given a batch of 12 requests on 4 chains (request i on chain i % 4), each chain slower than
+    # the one before: a run counts what it settled when it leaves its chain, so the counts move
+    # as the chains finish, at about 0.3, 4.5, 9 and 13.5 s
+    latencies = [0.1, 1.5, 3, 4.5]
+    created = api.create_batch([request(f"slow-{i}", f"Think [sim:latency={latencies[i % 4]}]") for i in range(12)],
+                               metadata={"project": "console-demo", "owner": "eval-team"})
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    sign_in(browser, origin, key)
+    browser.get(origin + "/")
+
+    # When the list is watched, it refreshes by itself: some requests done, not all, then all
+    seen: list[tuple[int, int]] = []
+
+    def watched(d: WebDriver) -> tuple[int, int] | None:
+        value = row_progress(d, batch_id)
+        if value and (not seen or seen[-1] != value):
+            seen.append(value)
+        return value
+
+    def progressed(d: WebDriver) -> bool:
+        value = watched(d)
+        return bool(value and 0 < value[0] < value[1])
+
+    until(browser, progressed, "the batch part done in the list")
+    row = batch_row(browser, batch_id)
+    assert row is not None
+    cells = [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[0] == batch_id and cells[1] == "in_progress"
+    assert re.fullmatch(r"\d+ / 0 / 12", cells[3]) and "project: console-demo" in cells[6]
+    screenshot(browser, shots, "batches")
+    # (every value on the way is recorded: the first one seen may already be part done)
+    until(browser, lambda d: watched(d) == (12, 12) and "completed" in batch_row(d, batch_id).text,
+          "the batch completed in the list")
+    assert [value for value, _ in seen] == sorted(value for value, _ in seen) and len(seen) >= 2, seen
+
+    # And on its own page the counts, timestamps and results are shown
+    open_batch(browser, origin, batch_id)
+    until(browser, lambda d: by_id(d, "batch-progress").get_attribute("value") == "12", "the page's progress")
+    details = by_id(browser, "batch-details").text
+    assert "completed" in details and "console-demo" in details and "UTC" in details
+    assert by_id(browser, "batch-progress-label").text == "12 of 12 requests finished (12 completed, 0 failed)"
+    until(browser, lambda d: len(result_rows(d)) == 12, "12 result rows")
+    assert by_id(browser, "cancel").get_attribute("disabled") is not None  # a finished batch
+
+
+def test_the_results_table_pages_filters_and_opens_a_whole_result(
+    browser: WebDriver, origin: str, api: Api, shots: Path
+) -> None:
+    # Given 55 requests (more than a page of 50), every fifth refused as invalid by the upstream
+    items = [request(f"r-{i:02d}", "Bad [sim:status=400]" if i % 5 == 0 else f"Question {i}") for i in range(55)]
+    created = api.create_batch(items)
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    api.wait_for_status(batch_id, "completed", timeout=90)
+    open_batch(browser, origin, batch_id)
+
+    # The first page: 50 rows in submission order, each with its status, error and answer's start
+    until(browser, lambda d: len(result_rows(d)) == 50, "50 rows")
+    first = [row.find_elements(By.TAG_NAME, "td") for row in result_rows(browser)[:2]]
+    assert [cell.text for cell in first[0][:4]] == ["r-00", "failed", "invalid_request", first[0][3].text]
+    assert first[0][3].text  # the upstream's message
+    assert first[1][0].text == "r-01" and first[1][1].text == "completed" and first[1][4].text.startswith(
+        "Simulated reply")
+    screenshot(browser, shots, "batch")
+
+    # Filtered in the page: only the failed ones
+    Select(by_id(browser, "status-filter")).select_by_value("failed")
+    until(browser, lambda d: len(result_rows(d)) == 10, "the failed rows of page 1")
+    assert {row.find_elements(By.TAG_NAME, "td")[1].text for row in result_rows(browser)} == {"failed"}
+    Select(by_id(browser, "status-filter")).select_by_value("")
+
+    # The next page through the API's `after`, and back
+    by_id(browser, "results-next").click()
+    until(browser, lambda d: [r.find_element(By.TAG_NAME, "td").text for r in result_rows(d)]
+          == [f"r-{i}" for i in range(50, 55)], "page 2")
+    assert by_id(browser, "results-next").get_attribute("disabled") is not None
+    by_id(browser, "results-previous").click()
+    until(browser, lambda d: len(result_rows(d)) == 50, "page 1 again")
+
+    # A row opens the whole result as JSON (by keyboard: the custom_id is a button)
+    button = result_rows(browser)[1].find_element(By.TAG_NAME, "button")
+    button.send_keys("\n")
+    until(browser, lambda d: visible(d, "result-dialog"), "the result dialog")
+    shown = json.loads(by_id(browser, "result-json").text)
+    expected = api.get(f"/batches/{batch_id}/results", params={"limit": 2}).json()["data"][1]
+    assert shown == expected
+    screenshot(browser, shots, "result")
+    browser.find_element(By.CSS_SELECTOR, "#result-dialog button").click()
+    until(browser, lambda d: not visible(d, "result-dialog"), "the dialog closed")
+
+
+def test_cancel_asks_first_then_cancels(browser: WebDriver, origin: str, api: Api, shots: Path) -> None:
+    # Given a running batch of 40 requests of 5 s each (about 50 s on 4 chains: it is cancelled first)
+    created = api.create_batch([request(f"c-{i}", "Wait [sim:latency=5]") for i in range(40)])
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    open_batch(browser, origin, batch_id)
+
+    # Cancel asks; "Keep it running" leaves the batch alone
+    by_id(browser, "cancel").click()
+    until(browser, lambda d: visible(d, "confirm-dialog"), "the confirmation")
+    assert by_id(browser, "confirm-yes").text == "Cancel batch"
+    screenshot(browser, shots, "cancel")
+    by_id(browser, "confirm-no").click()
+    until(browser, lambda d: not visible(d, "confirm-dialog"), "the confirmation closed")
+    assert api.batch(batch_id)["status"] in {"validating", "in_progress"}
+
+    # "Cancel batch" cancels it: the API says so, and so does the page
+    by_id(browser, "cancel").click()
+    until(browser, lambda d: visible(d, "confirm-dialog"), "the confirmation")
+    by_id(browser, "confirm-yes").click()
+    status = api.wait_for_status(batch_id, {"cancelling", "cancelled"})["status"]
+    assert status in {"cancelling", "cancelled"}
+    until(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#batch-details dd").text in {"cancelling", "cancelled"},
+          "the page showing it")
+    api.wait_for_status(batch_id, "cancelled", timeout=60)
+
+
+def test_download_writes_the_output_file_the_cli_writes(
+    browser: WebDriver, origin: str, stack: StackProcess, key: str, api: Api, downloads: Path, tmp_path: Path
+) -> None:
+    # Given a finished batch: an answer, a failure, and an answer too big for any page (a body_url)
+    created = api.create_batch([
+        request("d-ok", "Small answer"),
+        request("d-bad", "Refused [sim:status=400]"),
+        request("d-big", "Huge [sim:pad=1000000]"),
+    ])
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    api.wait_for_status(batch_id, "completed", timeout=90)
+    big = api.results(batch_id)[2]["response"]
+    assert big["body"] is None and big["body_url"], "the big answer comes as a link, on a page of its own"
+
+    # When it is downloaded from its page
+    open_batch(browser, origin, batch_id)
+    # (the big one is on a page of its own: the first page stops before it)
+    until(browser, lambda d: len(result_rows(d)) == 2 and by_id(d, "results-next").is_enabled(), "2 rows of 3")
+    by_id(browser, "download").click()
+    saved = downloads / f"{batch_id}_output.jsonl"
+    wait_for(lambda: saved.is_file() and saved.stat().st_size > 0, timeout=WAIT_SECONDS, message="the download")
+
+    # Then it holds the lines `freeinference-batch results -o` writes, the big body fetched
+    cli_output = tmp_path / "cli.jsonl"
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("FREEINFERENCE_", "AWS_"))}
+    env.update({"FREEINFERENCE_BASE_URL": stack.base_url, "FREEINFERENCE_API_KEY": key})
+    done = subprocess.run([*CLI, "results", batch_id, "-o", str(cli_output)], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    downloaded = [json.loads(line) for line in saved.read_text(encoding="utf-8").splitlines()]
+    assert downloaded == [json.loads(line) for line in cli_output.read_text(encoding="utf-8").splitlines()]
+    assert len(downloaded[2]["response"]["body"]["choices"][0]["message"]["content"]) > 1_000_000
+    assert downloaded[1]["error"]["code"] == "invalid_request" and downloaded[1]["response"] is None
+    assert csp_violations(browser) == []
+
+
+def test_untrusted_text_stays_text_and_the_batch_can_be_deleted(
+    browser: WebDriver, origin: str, api: Api, shots: Path
+) -> None:
+    # Given markup in a custom_id, a metadata value and the answer (the upstream echoes the prompt)
+    created = api.create_batch([request(XSS, f"Repeat {XSS}")], metadata={"note": XSS})
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    api.wait_for_status(batch_id, "completed", timeout=90)
+    browser.get(origin + "/")
+    until(browser, lambda d: batch_row(d, batch_id) is not None, "the batch listed")
+    row = batch_row(browser, batch_id)
+    assert f"note: {XSS}" in row.text
+    open_batch(browser, origin, batch_id)
+    until(browser, lambda d: len(result_rows(d)) == 1, "its row")
+    cells = result_rows(browser)[0].find_elements(By.TAG_NAME, "td")
+    assert cells[0].text == XSS
+    assert XSS in cells[4].text
+    assert XSS in by_id(browser, "batch-details").text
+    result_rows(browser)[0].click()
+    until(browser, lambda d: visible(d, "result-dialog"), "the result dialog")
+    assert json.loads(by_id(browser, "result-json").text)["custom_id"] == XSS
+    # Nothing was parsed as markup: no element came from the payload, no script ran
+    assert browser.find_elements(By.CSS_SELECTOR, "main img, main script, main b, dialog img, dialog b") == []
+    assert browser.execute_script("return window.__xss === undefined")
+    browser.find_element(By.CSS_SELECTOR, "#result-dialog button").click()
+
+    # Delete asks, then deletes: back to the list, and the API no longer has it
+    by_id(browser, "delete").click()
+    until(browser, lambda d: visible(d, "confirm-dialog"), "the confirmation")
+    assert by_id(browser, "confirm-yes").text == "Delete batch"
+    by_id(browser, "confirm-yes").click()
+    until(browser, lambda d: visible(d, "batches-view"), "the list after deleting")
+    assert api.get(f"/batches/{batch_id}").status_code == 404
+    until(browser, lambda d: batch_row(d, batch_id) is None, "the deleted batch gone from the list")
+
+
+def test_on_a_phone_the_list_is_readable_and_the_keyboard_reaches_everything(
+    browser: WebDriver, origin: str, shots: Path
+) -> None:
+    browser.set_window_size(390, 844)
+    try:
+        browser.get(origin + "/")
+        until(browser, lambda d: visible(d, "batches-view") and batch_row(d, batch_row_id(d)) is not None,
+              "the list on a phone")
+        # No horizontal scrolling of the page: the table became cards
+        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+        screenshot(browser, shots, "batches-phone")
+        # Tab from the top reaches the sign-out button and a batch link
+        reached = set()
+        body = browser.find_element(By.TAG_NAME, "body")
+        body.click()
+        for _ in range(12):
+            browser.switch_to.active_element.send_keys("\t")
+            active = browser.switch_to.active_element
+            reached.add(active.get_attribute("id") or active.get_attribute("href") or active.tag_name)
+        assert "sign-out" in reached and any("#/batches/" in str(item) for item in reached), reached
+    finally:
+        browser.set_window_size(1280, 1000)
+
+
+def batch_row_id(driver: WebDriver) -> str:
+    rows = driver.find_elements(By.CSS_SELECTOR, "#batches-table tr[data-batch-id]")
+    return rows[0].get_attribute("data-batch-id") if rows else ""
