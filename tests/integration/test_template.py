@@ -659,6 +659,7 @@ def test_the_upstream_timeout_fits_the_worker_invocation(template: dict[str, Any
 def test_the_dashboard_shows_the_per_model_metrics_the_workers_publish_beside_the_alarms(
     template: dict[str, Any]
 ) -> None:
+    from freeinference_batch.operator_status import BATCH_CAP_METRIC, SLOTS_HELD_METRIC
     from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
 
     (dashboard,) = resources_of_type(template, "AWS::CloudWatch::Dashboard").values()
@@ -666,7 +667,7 @@ def test_the_dashboard_shows_the_per_model_metrics_the_workers_publish_beside_th
     text = re.sub(r"\$\{[^}]+\}", "x", body)  # as CloudFormation substitutes them: plain strings
     widgets = json.loads(text)["widgets"]
     expressions = json.dumps([w["properties"].get("metrics") for w in widgets])
-    for metric in (COMPLETED_BY_MODEL, FAILED_BY_MODEL):
+    for metric in (COMPLETED_BY_MODEL, FAILED_BY_MODEL, BATCH_CAP_METRIC, SLOTS_HELD_METRIC):
         assert f'{{FreeInferenceBatch,model,service}} MetricName=\\"{metric}\\"' in expressions, metric
     (alarms,) = [w for w in widgets if w["type"] == "alarm"]
     assert len(alarms["properties"]["alarms"]) == len(variables)

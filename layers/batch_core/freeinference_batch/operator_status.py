@@ -15,8 +15,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
+
 from freeinference_batch import aws, model_backoff
-from freeinference_batch.catalog import NANO_PER_USD, Catalog
+from freeinference_batch.catalog import NANO_PER_USD, Catalog, ModelInfo
 from freeinference_batch.clock import utc_day
 from freeinference_batch.observability import metrics
 from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus
@@ -27,6 +29,8 @@ from freeinference_batch.store.leases import Leases, model_slots_key
 from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
 
 WINDOWS_MINUTES = (5, 60)
+BATCH_CAP_METRIC = "BatchCap"
+SLOTS_HELD_METRIC = "SlotsHeld"
 
 
 @dataclass
@@ -102,6 +106,34 @@ def model_backlogs(table: BatchTable) -> tuple[Counter[str], Counter[str]]:
     return backlog, unfinished
 
 
+def _capacity(settings: Settings, leases: Leases, info: ModelInfo, name: str,
+              now: float) -> tuple[int, int, int, model_backoff.Backoff | None]:
+    """A model's batch cap now (after interactive load and backoff), its slots held, its
+    interactive in-flight count and its backoff."""
+    load = accounts_table.get_model_load(settings, name) or {}
+    inflight = int(load.get("inflight", 0))
+    backoff = accounts_table.get_model_backoff(settings, name)
+    cap = model_backoff.capped(info.batch_capacity(inflight), backoff)
+    held = sum(1 for until in leases.holders(model_slots_key(name)).values() if float(until) > now)
+    return cap, held, inflight, backoff
+
+
+def publish_model_gauges(settings: Settings, catalog: Catalog, now: float) -> dict[str, tuple[int, int]]:
+    """`BatchCap` and `SlotsHeld` of every model as metrics (dimensions service and model), so the
+    dashboard charts over time what `admin status` shows now; answers (cap, held) per model.
+    Three reads a model, once a minute (the expire schedule)."""
+    leases = Leases(settings)
+    gauges = {}
+    for name, info in sorted(catalog.models.items()):
+        cap, held, _, _ = _capacity(settings, leases, info, name, now)
+        gauges[name] = (cap, held)
+        for metric_name, value in ((BATCH_CAP_METRIC, cap), (SLOTS_HELD_METRIC, held)):
+            with single_metric(name=metric_name, unit=MetricUnit.Count, value=value, namespace=metrics.namespace,
+                               default_dimensions={"service": metrics.service}) as record:
+                record.add_dimension(name="model", value=name)
+    return gauges
+
+
 def operator_status(settings: Settings, catalog: Catalog, now: float,
                     recent: dict[str, RecentCounts] | None = None) -> OperatorStatus:
     table = BatchTable(settings)
@@ -109,11 +141,7 @@ def operator_status(settings: Settings, catalog: Catalog, now: float,
     backlog, unfinished = model_backlogs(table)
     models = []
     for name, info in sorted(catalog.models.items()):
-        load = accounts_table.get_model_load(settings, name) or {}
-        inflight = int(load.get("inflight", 0))
-        backoff = accounts_table.get_model_backoff(settings, name)
-        cap = model_backoff.capped(info.batch_capacity(inflight), backoff)
-        held = sum(1 for until in leases.holders(model_slots_key(name)).values() if float(until) > now)
+        cap, held, inflight, backoff = _capacity(settings, leases, info, name, now)
         counts = (recent or {}).get(name) or RecentCounts()
         # A slot is held by a chain while it runs one request: the requests running are the slots
         # held, and the rest of the backlog waits.

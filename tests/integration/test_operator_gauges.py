@@ -1,0 +1,50 @@
+"""The expire schedule publishes each model's batch cap and slots held once a minute, so the
+operations dashboard charts over time what `admin status` shows now."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from freeinference_batch import operator_status
+from freeinference_batch.catalog import load_catalog
+from freeinference_batch.store import accounts_table
+from freeinference_batch.store.dynamo import apply_update
+from freeinference_batch.store.leases import Leases, model_slots_key
+from freeinference_batch_local.handlers import LambdaContext, load_handler
+
+MODEL = "glm-5.3-flash"
+
+
+def emf_records(text: str) -> list[dict]:
+    return [record for line in text.splitlines() if line.startswith("{")
+            and "_aws" in (record := json.loads(line))]
+
+
+def _value(emf_value: float | list[float]) -> float:
+    return emf_value[0] if isinstance(emf_value, list) else emf_value
+
+
+def test_the_expire_schedule_publishes_each_models_cap_and_slots_held(harness, monkeypatch, capsys):
+    # Given a model with interactive load and one slot held by a chain
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
+    catalog = load_catalog(harness.settings.model_catalog_path)
+    now = time.time()
+    accounts_table.put_model_load(harness.settings, MODEL, catalog.models[MODEL].interactive_capacity, at=int(now))
+    leases = Leases(harness.settings)
+    leases.reap(model_slots_key(MODEL), now)  # the slots item exists, as a worker's first look makes it
+    assert apply_update(leases.acquire_element(model_slots_key(MODEL), "holder-1", 4, now + 60))
+    capsys.readouterr()
+    # When the expire schedule runs
+    load_handler("schedules", "expire_handler")({"source": "aws.events"}, LambdaContext("expire", 128, 60))
+    records = emf_records(capsys.readouterr().out)
+    # Then it published, per model, the cap the gates would use now and the slots held
+    gauges = operator_status.publish_model_gauges(harness.settings, catalog, now)
+    published = {(r["model"], name): _value(r[name]) for r in records for name in ("BatchCap", "SlotsHeld")
+                 if name in r}
+    for model in catalog.models:
+        assert published[(model, "BatchCap")] == gauges[model][0]
+        assert published[(model, "SlotsHeld")] == gauges[model][1]
+    assert gauges[MODEL][1] == 1
+    assert gauges[MODEL][0] < catalog.models[MODEL].batch_concurrency  # the interactive load lowered it
+    assert all(r["service"] == "freeinference-batch" for r in records if "BatchCap" in r)
