@@ -1,8 +1,7 @@
 """Schedule functions: EventBridge rules -> expiry, recovery sweep, purge."""
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from freeinference_batch import clock, operator_status, schedules
-from freeinference_batch.catalog import load_catalog
+from freeinference_batch import schedules
 from freeinference_batch.observability import logger, metrics, tracer
 from freeinference_batch.settings import get_settings
 
@@ -11,12 +10,8 @@ from freeinference_batch.settings import get_settings
 @logger.inject_lambda_context(log_event=False)
 @tracer.capture_lambda_handler
 def expire_handler(event: dict, context: LambdaContext) -> dict:
-    settings = get_settings()
-    result = schedules.expire(settings)
+    result = schedules.expire(get_settings())
     metrics.add_metric(name="BatchesPastWindow", unit="Count", value=result["past_window"])
-    # Once a minute, as this schedule runs: the dashboard's per-model cap and slots held.
-    operator_status.publish_model_gauges(settings, load_catalog(settings.model_catalog_path),
-                                         clock.now(settings.clock_offset_file))
     logger.info("expire schedule ran", extra=result)
     return result
 

@@ -24,18 +24,30 @@ class DeliveryWaits(Exception):
     """Not an error: the delivery waits on the queue for its next attempt."""
 
 
+# Leave this long before the function's timeout to answer which records are done.
+ANSWER_MARGIN_SECONDS = 5.0
+
+
 @metrics.log_metrics
 @logger.inject_lambda_context(log_event=False)
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
     processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
-    with ThreadPoolExecutor(max_workers=max(1, len(event.get("Records", [])))) as executor:
+    # A receiver that trickles its answer can hold a thread past every per-read timeout: the
+    # records still running when the invocation must answer are reported failed (they come back
+    # after the queue's visibility timeout, with the same webhook-id) instead of failing the
+    # whole batch with a timed-out invocation. So no `with`: its exit would wait for them.
+    budget = max(1.0, context.get_remaining_time_in_millis() / 1000 - ANSWER_MARGIN_SECONDS)
+    executor = ThreadPoolExecutor(max_workers=max(1, len(event.get("Records", []))))
+    try:
 
         async def handle_record(record: SQSRecord) -> None:
-            done = await asyncio.get_running_loop().run_in_executor(
-                executor, webhook_delivery.handle_record, get_settings(), record.raw_event)
+            done = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                executor, webhook_delivery.handle_record, get_settings(), record.raw_event), budget)
             if not done:
                 raise DeliveryWaits(record.message_id)
 
         return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
                                               context=context)
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)

@@ -18,8 +18,8 @@ from freeinference_batch.errors import (
     Forbidden,
     NotFound,
     PayloadTooLarge,
-    ServiceUnavailable,
     TooManyRequests,
+    busy,
 )
 from freeinference_batch.observability import log_status_change, logger
 from freeinference_batch.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
@@ -35,7 +35,6 @@ BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
 # scripts' digits, which no documented client sends and openapi.yaml does not allow.
 LIMIT = re.compile(r"[0-9]+")
 # Retry-After of a write that conflicted with another one (they last milliseconds).
-BUSY_RETRY_AFTER_SECONDS = 1
 
 
 # ---- create -----------------------------------------------------------------------------
@@ -176,7 +175,7 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         # Only the counter's condition is the limit. Conflicts with other writes (the counter is
         # shared with every create, cancel and finish of the account) are a reason to retry.
         if isinstance(failure, TransactionConflict) or not failure.failed(1):
-            raise _busy("creating the batch") from None
+            raise busy("creating the batch") from None
         raise TooManyRequests(
             f"You already have {settings.batch_max_unfinished} unfinished batches, the most allowed; "
             "wait for one to finish (or cancel one) before creating another",
@@ -212,10 +211,6 @@ def start_chains(settings: Settings, table: BatchTable, batch_id: str, messages:
                          extra={"batch_id": batch_id})
 
 
-def _busy(doing: str) -> ServiceUnavailable:
-    return ServiceUnavailable(f"Another change to the same data was in progress while {doing}; nothing was "
-                              f"changed. Try again in {BUSY_RETRY_AFTER_SECONDS} second(s)",
-                              retry_after=BUSY_RETRY_AFTER_SECONDS)
 
 
 # ---- read -------------------------------------------------------------------------------
@@ -313,7 +308,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             try:
                 transact([element, accounts.unfinished_decrement_update(settings, meta.account_id)])
             except TransactionConflict:
-                raise _busy("cancelling the batch") from None
+                raise busy("cancelling the batch") from None
             except TransactionFailed:
                 continue  # a request started meanwhile: look again
             log_status_change("batch cancelled", batch_id, BatchStatus.CANCELLED, meta.status)
@@ -327,7 +322,7 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             log_status_change("batch cancelling", batch_id, BatchStatus.CANCELLING, meta.status)
         return views.batch_object(owned_meta(settings, principal, batch_id))
     # The batch kept changing under us (requests starting and settling): a passing condition.
-    raise _busy("cancelling the batch")
+    raise busy("cancelling the batch")
 
 
 # Of the API's 29 s, what a delete spends deleting stored responses (about 10,000 a second).
@@ -356,7 +351,7 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
     try:
         transact(elements)
     except TransactionConflict:
-        raise _busy("deleting the batch") from None
+        raise busy("deleting the batch") from None
     except TransactionFailed:
         raise Conflict(f"Batch {batch_id} changed while it was being deleted (a request may have started); "
                        "cancel it, wait for it to finish, then delete it", code="batch_running") from None

@@ -83,3 +83,15 @@ class ServiceUnavailable(ApiError):
     def __init__(self, message: str, *, retry_after: int = 1, code: str | None = None) -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
+
+
+# How long a caller waits before retrying a write that conflicting writes kept cancelling.
+BUSY_RETRY_AFTER_SECONDS = 1
+
+
+def busy(doing: str) -> ServiceUnavailable:
+    """A transaction other writes kept cancelling (DynamoDB reports a conflict instead of
+    waiting): nothing was written, so the same call a moment later is safe."""
+    return ServiceUnavailable(f"Another change to the same data was in progress while {doing}; nothing was "
+                              f"changed. Try again in {BUSY_RETRY_AFTER_SECONDS} second(s)",
+                              retry_after=BUSY_RETRY_AFTER_SECONDS)

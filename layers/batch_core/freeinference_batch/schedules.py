@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from freeinference_batch import clock, dispatch, lifecycle
+from freeinference_batch import clock, dispatch, lifecycle, operator_status
+from freeinference_batch.catalog import load_catalog
 from freeinference_batch.observability import logger
 from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
@@ -32,7 +33,17 @@ def expire(settings: Settings) -> dict:
             expired += 1
         elif now >= meta.expires_at + PAST_WINDOW_GRACE_SECONDS:
             stuck += 1
+    _publish_gauges(settings, now)
     return {"expired": expired, "past_window": stuck}
+
+
+def _publish_gauges(settings: Settings, now: float) -> None:
+    """Each model's cap and slots held for the dashboard, once a minute as this schedule runs. A
+    failure here is logged, never the expiry's: it has already run."""
+    try:
+        operator_status.publish_model_gauges(settings, load_catalog(settings.model_catalog_path), now)
+    except Exception:
+        logger.warning("could not publish the models' gauges", exc_info=True)
 
 
 def sweep(settings: Settings) -> dict:

@@ -88,7 +88,9 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(10.0, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
     webhook_retry_window_seconds: float = Field(86400.0, alias="WEBHOOK_RETRY_WINDOW_SECONDS", gt=0)
     webhook_retry_base_seconds: float = Field(30.0, alias="WEBHOOK_RETRY_BASE_SECONDS", ge=0)
-    webhook_retry_max_seconds: float = Field(3600.0, alias="WEBHOOK_RETRY_MAX_SECONDS", ge=0)
+    # A wait is a visibility timeout, which SQS counts from the message's receive and caps at
+    # 12 h: the longest wait leaves the delivery function's run (60 s) and a margin inside it.
+    webhook_retry_max_seconds: float = Field(3600.0, alias="WEBHOOK_RETRY_MAX_SECONDS", ge=0, le=43_000)
     # The EventBridge bus every batch status change is put on.
     event_bus_name: str = Field("default", alias="EVENT_BUS_NAME")
 

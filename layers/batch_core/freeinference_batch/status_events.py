@@ -102,8 +102,10 @@ def handle_record(settings: Settings, record: dict[str, Any]) -> dict[str, Any] 
     if found is None:
         return None
     change, meta = found
-    deliveries = queue_deliveries(settings, change, meta)
+    # The event first: a bus that refuses it (a policy, IAM) makes the stream retry the record,
+    # and deliveries queued before it would be queued again at every retry.
     put_event(settings, change)
+    deliveries = queue_deliveries(settings, change, meta)
     return {"batch_id": change.batch_id, "status": change.status, "deliveries": deliveries}
 
 

@@ -134,6 +134,15 @@ def _read_body(response: requests.Response, holding: Callable[[int], None] | Non
     return b"".join(chunks)
 
 
+# How much of an upstream's error text our logs keep: enough to tell what it said, too little to
+# carry a prompt or a credential it may quote back.
+LOGGED_TEXT_CHARS = 200
+
+
+def _for_log(text: str) -> str:
+    return text if len(text) <= LOGGED_TEXT_CHARS else text[:LOGGED_TEXT_CHARS] + "..."
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -193,10 +202,11 @@ def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str,
                 if response.status_code == 401:
                     alert = CREDENTIAL_REJECTED_METRIC
                     logger.error("the upstream refused the service credential", extra={
-                        "request_ref": request_ref, "status": 401, "upstream_message": text})
+                        "request_ref": request_ref, "status": 401, "upstream_message": _for_log(text)})
                 elif response.status_code >= 500:
                     logger.warning("the upstream answered a server error", extra={
-                        "request_ref": request_ref, "status": response.status_code, "upstream_message": text})
+                        "request_ref": request_ref, "status": response.status_code,
+                        "upstream_message": _for_log(text)})
                 return Outcome(kind, error=error, retry_after=_retry_after(response), alert=alert)
             try:
                 text = _read_body(response, holding, until)

@@ -31,8 +31,9 @@ from freeinference_batch.schemas import WebhookDeliveryMessage, WebhookEvent, We
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.webhook_endpoints import EndpointRecord, WebhookEndpoints
 
-# SQS refuses a visibility timeout over 12 h: a longer wait is taken in 12 h steps.
-MAX_VISIBILITY_SECONDS = 12 * 3600
+# SQS refuses a visibility timeout over 12 h from the message's receive: a wait is cut to what
+# is left of that (WEBHOOK_RETRY_MAX_SECONDS is bounded below it).
+MAX_VISIBILITY_SECONDS = 43_000
 
 
 def event_body(event_id: str, event_type: str, batch_id: str, created_at: int) -> bytes:

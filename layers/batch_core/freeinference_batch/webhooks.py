@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from freeinference_batch import clock, webhook_delivery, webhook_signing, webhook_urls
 from freeinference_batch.accounts import Principal
 from freeinference_batch.catalog import load_catalog
-from freeinference_batch.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
+from freeinference_batch.errors import BadRequest, Forbidden, NotFound, busy
 from freeinference_batch.schemas import (
     DeletedWebhookEndpoint,
     WebhookCreateBody,
@@ -44,7 +44,6 @@ EVENT_TYPES = [member.value for member in WebhookEventType]
 # rotate_secret's keep_old_secret_active_for_24_hours.
 OLD_SECRET_OVERLAP_SECONDS = 24 * 3600
 # What a call refused for a conflict tells the caller to wait (as batches.py's).
-BUSY_RETRY_AFTER_SECONDS = 1
 # The batch id a test delivery names: no batch has it.
 TEST_BATCH_ID = "batch_test"
 
@@ -55,12 +54,6 @@ def new_endpoint_id(now: float) -> str:
     return f"we_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
 
 
-def _busy(doing: str) -> ServiceUnavailable:
-    # A transaction other writes kept cancelling (DynamoDB reports a conflict instead of waiting):
-    # nothing was written, so the same call later is safe.
-    return ServiceUnavailable(f"Another change to the same data was in progress while {doing}; nothing was "
-                              f"changed. Try again in {BUSY_RETRY_AFTER_SECONDS} second(s)",
-                              retry_after=BUSY_RETRY_AFTER_SECONDS)
 
 
 def _may_manage(settings: Settings, principal: Principal) -> None:
@@ -138,7 +131,7 @@ def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
         raise BadRequest(f"An account may have at most {settings.webhook_max_endpoints} webhook endpoints; "
                          "delete one before adding another", code="too_many_webhook_endpoints") from None
     except TransactionConflict:
-        raise _busy("creating the webhook endpoint") from None
+        raise busy("creating the webhook endpoint") from None
     return _with_secret(record, secret)
 
 
@@ -186,7 +179,7 @@ def delete_endpoint(settings: Settings, principal: Principal, endpoint_id: str) 
         deleted = WebhookEndpoints(settings).delete(principal.account_id, endpoint_id, secrets.token_hex(8),
                                                     int(clock.now(settings.clock_offset_file)))
     except TransactionConflict:
-        raise _busy("deleting the webhook endpoint") from None
+        raise busy("deleting the webhook endpoint") from None
     if not deleted:
         raise NotFound(f"No webhook endpoint found with id '{endpoint_id}'")
     return DeletedWebhookEndpoint(id=endpoint_id).model_dump(mode="json")
@@ -202,7 +195,9 @@ def rotate_secret(settings: Settings, principal: Principal, endpoint_id: str, ra
     rotated = WebhookEndpoints(settings).rotate(principal.account_id, endpoint_id, record.secret_nonce, nonce,
                                                 webhook_signing.secret_hint(secret), until, int(now))
     if rotated is None:
-        raise NotFound(f"No webhook endpoint found with id '{endpoint_id}'")
+        # Gone meanwhile, or another rotation won: only the first is not found.
+        _owned(settings, principal, endpoint_id)
+        raise busy("rotating the endpoint's secret")
     return _with_secret(rotated, secret)
 
 

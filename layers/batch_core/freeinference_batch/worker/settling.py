@@ -86,8 +86,6 @@ class Settler:
             if outcome.usage:  # the model served it, though its answer cannot be kept
                 settled["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
 
-        # Counted as this run's outcome, settled by the hand-over or the plain settle below.
-        count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         following = self.chains.following(message, meta)
         leave = Leave()
         if following is not None and may_hand_over(self.settings, invocation, time.monotonic()):
@@ -99,6 +97,9 @@ class Settler:
         claimed.tally.add(settled["status"], int(settled.get("cost_nano", 0)))
         if not self._leave(claimed, now, settle, now + self.settings.batch_dispatch_lease_seconds):
             return Done()
+        # The per-model counts follow the write that settled it: a run that lost its claim is
+        # counted by the run (or sweep) that has it.
+        count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         self.crash("after settle")
         # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
         self.waiting.wake_waiters(message, meta.account_id, now, leave.yielded_from)
@@ -164,6 +165,7 @@ class Settler:
                                                               "position": message.position})
             return Done()  # the sweep took the request back, and counts what this run settled
         tally.add(settled["status"], cost)
+        count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
         # nothing claimed behind.
