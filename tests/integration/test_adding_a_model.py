@@ -81,8 +81,9 @@ def test_the_template_and_the_catalog_agree(copy: Path) -> None:
     catalog = Catalog.model_validate_json((copy / "models.json").read_text())
     template = load_template(copy / "template.yaml")
     functions = functions_from_template(template, copy)
-    workers = {spec.properties["Environment"]["Variables"]["WORKER_MODEL"]: logical_id
-               for logical_id, spec in functions.items() if spec.events("SQS")}
+    # The model workers: the functions that name their model (webhook deliveries read SQS too).
+    workers = {variables["WORKER_MODEL"]: logical_id for logical_id, spec in functions.items()
+               if "WORKER_MODEL" in (variables := (spec.properties.get("Environment") or {}).get("Variables") or {})}
     assert set(workers) == set(catalog.models) == {"glm-5.3-flash", "qwen3.6-35b", NEW_MODEL}
     assert workers[NEW_MODEL] == f"{NEW_BLOCK}/WorkerFunction"
     # Each worker reserves what the catalog derives from its model's capacity, the new one too.
