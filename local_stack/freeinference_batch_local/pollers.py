@@ -131,11 +131,31 @@ def failed_message_ids(response: Any, message_ids: list[str]) -> set[str] | None
     return failed
 
 
-class _InvocationsInFlight:
+class _Pausable:
+    """An event source that can stop taking events for a while (running invocations finish;
+    messages and records wait where they are): `_running` is set while it polls or ticks."""
+
+    def __init__(self) -> None:
+        self._running = threading.Event()
+        self._running.set()
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+
+class _InvocationsInFlight(_Pausable):
     """What an event source counts of the invocations it has started: how many run now (under
     `_lock`, whose condition `_idle` is told when one ends) and the most that ran at once."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._in_flight = 0
@@ -189,8 +209,6 @@ class QueuePoller(_InvocationsInFlight):
         self._slots = threading.Semaphore(self.max_concurrency)
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._running = threading.Event()  # set = polling, cleared = paused
-        self._running.set()
         self._thread: threading.Thread | None = None
         super().__init__()
         self._counts = dict.fromkeys(
@@ -226,17 +244,6 @@ class QueuePoller(_InvocationsInFlight):
     def wake(self) -> None:
         """A message may have arrived: receive now instead of at the next idle poll."""
         self._wake.set()
-
-    def pause(self) -> None:
-        """Stop receiving (running invocations finish). Messages stay in the queue."""
-        self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self._running.is_set()
 
 
     def stats(self) -> dict[str, Any]:
@@ -452,8 +459,6 @@ class ScheduleTimer(_InvocationsInFlight):
         self.errors = 0
         self.dropped = 0
         self._stop = threading.Event()
-        self._running = threading.Event()
-        self._running.set()
         self._thread: threading.Thread | None = None
         super().__init__()
         # Ticks waiting for a run to end: (when it was queued, monotonic; its event's time).
@@ -474,12 +479,6 @@ class ScheduleTimer(_InvocationsInFlight):
         with self._lock:
             self._queued.clear()
         return self.wait_idle(timeout)
-
-    def pause(self) -> None:
-        self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()
 
 
     def run_once(self) -> Any:
@@ -585,7 +584,7 @@ def stream_record(record: dict[str, Any], stream_arn: str, region: str = LOCAL_R
     return {**record, "dynamodb": dynamodb, "awsRegion": region, "eventSourceARN": stream_arn}
 
 
-class StreamPoller:
+class StreamPoller(_Pausable):
     """One DynamoDB stream event mapping, as Lambda runs it: the shard's records in order, in
     batches of at most `batch_size` gathered for up to the batching window, only those the
     mapping's filters match; a batch that fails (raises, or reports failures) is retried from its
@@ -618,10 +617,9 @@ class StreamPoller:
         self.context_factory = context_factory or (lambda: LambdaContext(name, 128, 60))
         self.idle_sleep = idle_sleep
         self.region = region
+        super().__init__()
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._running = threading.Event()
-        self._running.set()
         self._busy = threading.Event()
         self._thread: threading.Thread | None = None
         self._iterator: str | None = None
@@ -645,16 +643,6 @@ class StreamPoller:
 
     def wake(self) -> None:
         self._wake.set()
-
-    def pause(self) -> None:
-        self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self._running.is_set()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
