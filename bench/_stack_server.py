@@ -110,7 +110,7 @@ def model_slots(client: Any) -> dict[str, list[int]]:
     from freeinference_batch.catalog import load_catalog
     from freeinference_batch.settings import get_settings
     from freeinference_batch.store.dynamo import from_item
-    from freeinference_batch.store.leases import model_slots_key
+    from freeinference_batch.store.leases import model_slots_key, slots_held
 
     settings = get_settings()
     out = {}
@@ -120,7 +120,7 @@ def model_slots(client: Any) -> dict[str, list[int]]:
         except Exception:  # a sample lost is not worth failing the stack for
             continue
         item = from_item(answer.get("Item")) or {}
-        out[model] = [len(item.get("leases", {})), len(item.get("waiters", {}))]
+        out[model] = [slots_held(item), len(item.get("waiters", {}))]
     return out
 
 

@@ -515,8 +515,10 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     status, _ = harness.call("GET", "/v1/batches?limit=5")
     assert status == 200
 
-    # A run that dies mid-request and a message that is lost: the sweep takes both back.
-    lost = harness.create([sample_request("d-0", "Dies"), sample_request("l-0", model=MODELS[1])])
+    # A run that dies mid-request after settling one, and a message that is lost: the sweep counts
+    # what the run settled (the account's usage), and takes both back.
+    lost = harness.create([*(sample_request(f"d-{n}") for n in range(4)), sample_request("d-4", "Dies"),
+                           sample_request("l-0", model=MODELS[1])])
     with pytest.raises(WorkerDied):
         harness.pump_once(harness.queues[MODELS[0]])
     sqs = aws.sqs()

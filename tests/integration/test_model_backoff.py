@@ -35,7 +35,7 @@ def test_an_overloaded_model_halves_its_batch_cap_and_wins_it_back_as_calls_succ
     fill_slots(harness, slots, {"interactive-a": now(harness) + 3600, "interactive-b": now(harness) + 3600})
     assert isinstance(run(3), Parked)
     for holder in ("interactive-a", "interactive-b"):
-        Leases(harness.settings).release(slots, holder)
+        Leases(harness.settings).release_one(slots, holder)
     # A second 429 within the cooldown does not halve it again; one after it does
     assert isinstance(run(1), Parked) and backoff_cap(harness) == 2
     harness.advance_clock(11)

@@ -9,8 +9,7 @@ import time
 from freeinference_batch import operator_status
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.store import accounts_table
-from freeinference_batch.store.dynamo import apply_update
-from freeinference_batch.store.leases import Leases, model_slots_key
+from freeinference_batch.store.leases import Leases, SlotBlock, model_slots_key
 from freeinference_batch_local.handlers import LambdaContext, load_handler
 
 MODEL = "glm-5.3-flash"
@@ -32,8 +31,7 @@ def test_the_expire_schedule_publishes_each_models_cap_and_slots_held(harness, m
     now = time.time()
     accounts_table.put_model_load(harness.settings, MODEL, catalog.models[MODEL].interactive_capacity, at=int(now))
     leases = Leases(harness.settings)
-    leases.reap(model_slots_key(MODEL), now)  # the slots item exists, as a worker's first look makes it
-    assert apply_update(leases.acquire_element(model_slots_key(MODEL), "holder-1", 4, now + 60))
+    assert leases.take(model_slots_key(MODEL), SlotBlock("holder.b", None, 60), 4, now)
     capsys.readouterr()
     # When the expire schedule runs
     load_handler("schedules", "expire_handler")({"source": "aws.events"}, LambdaContext("expire", 128, 60))

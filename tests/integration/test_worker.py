@@ -17,8 +17,7 @@ from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.dynamo import values
-from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, entry_expiry, model_slots_key
 from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, Parked, Worker
 from freeinference_batch_local.upstream_sim import prompt_tokens, reply_for
 
@@ -71,16 +70,12 @@ def attempts(sim, batch_id: str, position: int) -> int:
 
 
 def fill_slots(harness, slots_key: dict, holders: dict[str, float]) -> None:
-    """Leases held by others (dead workers, or the account's interactive requests)."""
-    Leases(harness.settings).reap(slots_key, now(harness))  # creates the slots item
+    """Slots held by others, one each (the account's interactive requests, as the gateway takes
+    them, or dead workers'), whatever the capacity."""
+    leases = Leases(harness.settings)
+    leases.ensure_form(slots_key, None)  # creates the slots item
     for holder, until in holders.items():
-        aws.dynamodb().update_item(
-            TableName=harness.settings.accounts_table_name,
-            Key=slots_key,
-            UpdateExpression="SET leases.#holder = :until",
-            ExpressionAttributeNames={"#holder": holder},
-            ExpressionAttributeValues=values(until=until),
-        )
+        assert leases.take_one(slots_key, holder, 10**6, until)
 
 
 def hold_all_model_slots(harness, prefix: str, seconds: float = 3600) -> dict[str, float]:
@@ -249,7 +244,7 @@ def test_claim_waits_while_the_account_slots_are_used_by_interactive_requests(ha
     assert attempts(sim, batch["id"], 0) == 0
     assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
     # When one interactive request finishes, Then the batch request takes its slot and runs
-    Leases(harness.settings).release(account_slots_key(ACCOUNT), "interactive-0")
+    Leases(harness.settings).release_one(account_slots_key(ACCOUNT), "interactive-0")
     assert isinstance(worker.process(message, NO_RECORD), Done)
     assert attempts(sim, batch["id"], 0) == 1
     assert harness.batch(batch["id"])["status"] == "completed"
@@ -268,7 +263,7 @@ def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstre
     def read_then_release(*args, **kwargs):
         gates = read_gates(*args, **kwargs)
         for holder in holders:
-            Leases(harness.settings).release(model_slots_key(MODEL), holder)
+            Leases(harness.settings).release_one(model_slots_key(MODEL), holder)
         return gates
 
     monkeypatch.setattr(worker.gates, "read", read_then_release)
@@ -294,7 +289,7 @@ def test_a_slot_freed_while_a_chain_registers_to_wait_sends_it_back_at_once(harn
 
     def release_then_register(*args, **kwargs):
         # The releasing worker looks for waiters before this one is on the list: it wakes no one
-        Leases(harness.settings).release(model_slots_key(MODEL), "running-0")
+        Leases(harness.settings).release_one(model_slots_key(MODEL), "running-0")
         return add_waiter(*args, **kwargs)
 
     monkeypatch.setattr(worker.leases, "add_waiter", release_then_register)
@@ -412,7 +407,7 @@ def test_a_chain_keeps_its_slots_across_hand_overs_and_renews_them_only_when_the
     for model_slots, account_slots, _ in seen:
         assert len(model_slots) == len(account_slots) == 1 and model_slots.keys() == account_slots.keys()
         assert model_slots.keys() == seen[0][0].keys()
-    expiries = [model_slots[next(iter(model_slots))] for model_slots, _, _ in seen]
+    expiries = [entry_expiry(model_slots[next(iter(model_slots))]) for model_slots, _, _ in seen]
     # and its hand-overs wrote the slots only once less than a request's lease of them was left
     assert expiries[1] == expiries[0]
     assert expiries[2] > expiries[1] + lease
@@ -529,7 +524,7 @@ def test_a_big_batch_yields_its_slot_to_a_small_waiting_batch(harness, upstream,
     assert woken
     # And when the other holders finish, everything ends counted once
     for holder in holders:
-        Leases(harness.settings).release(model_slots_key(MODEL), holder)
+        Leases(harness.settings).release_one(model_slots_key(MODEL), holder)
     for batch in (big, small):
         assert harness.run_to_final(batch["id"])["status"] == "completed"
     assert all(attempts(sim, big["id"], n) == 1 for n in range(8))

@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from botocore.exceptions import ClientError
-from freeinference_batch import accounts, schedules
+from freeinference_batch import accounts, aws, clock, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.store import input_chunks
-from freeinference_batch.store.dynamo import apply_update
-from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
+from freeinference_batch.store.dynamo import values
+from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker, claims, runner
 from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
 
@@ -88,8 +88,13 @@ def test_a_request_whose_every_run_dies_fails_after_the_attempt_limit(harness, m
     assert final["status"] == "completed"
     assert final["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
     assert meta_of(harness, batch["id"]).running == 0
-    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
-    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
+    # The dead run's slots are its invocation's block's: the sweep leaves them, and they are free
+    # once the block expires (whoever next finds the slots full reaps it)
+    leases = Leases(harness.settings)
+    harness.advance_clock(harness.settings.slot_lease_seconds)
+    later = clock.now(harness.clock_file)
+    assert leases.reap(model_slots_key(MODEL), later) == leases.reap(account_slots_key(ACCOUNT), later) == 0
+    assert leases.holders(model_slots_key(MODEL)) == leases.holders(account_slots_key(ACCOUNT)) == {}
 
 
 def test_a_run_that_dies_between_taking_its_slots_and_its_claim_holds_them_only_until_they_expire(
@@ -148,35 +153,80 @@ def test_an_aws_error_between_taking_the_slots_and_the_claim_gives_them_back(har
     assert harness.batch(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
 
 
-def test_taking_a_slot_again_whose_first_answer_was_lost_succeeds_even_when_it_filled_the_slots(harness):
-    # Given a model's slots one short of full (botocore sends a write again when its answer is lost)
+def resend_after_applying(monkeypatch, operation: str = "UpdateItem"):
+    """Every `operation` is applied, then its answer is lost and botocore sends it again: the
+    caller sees the second attempt's answer (a conditional write's refusal)."""
+    client = aws.dynamodb()
+    real = client.update_item
+
+    def twice(**kwargs):
+        real(**kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(client, "update_item", twice)
+
+
+def test_taking_a_slot_again_whose_first_answer_was_lost_succeeds_even_when_it_filled_the_slots(harness,
+                                                                                              monkeypatch):
+    # Given a model's slots one short of full: one gateway request and a block of two
     leases = Leases(harness.settings)
     key = model_slots_key(MODEL)
-    leases.reap(key, 0)
-    until = time.time() + 3600
-    for holder in ("other-0", "other-1", "other-2"):
-        assert apply_update(leases.acquire_element(key, holder, 4, until))
-    # When a holder takes the last slot, and the same write arrives again
-    assert apply_update(leases.acquire_element(key, "mine", 4, until))
-    assert apply_update(leases.acquire_element(key, "mine", 4, until))
-    # Then it holds its one slot, and the slots are full to anyone else
-    assert set(leases.holders(key)) == {"other-0", "other-1", "other-2", "mine"}
-    assert not apply_update(leases.acquire_element(key, "another", 4, until))
+    now = time.time()
+    assert leases.take_one(key, "interactive-0", 4, now + 3600)
+    other = SlotBlock("other.b", None, 3600)
+    assert leases.take(key, other, 4, now) and leases.take(key, other, 4, now)
+    # When a block takes the last slot and each write arrives twice (botocore sends a write again
+    # when its answer is lost), and gives one back the same way
+    mine = SlotBlock("mine.b", None, 3600)
+    resend_after_applying(monkeypatch)
+    assert leases.take(key, mine, 4, now)
+    # Then it holds its one slot, counted once, and the slots are full to anyone else
+    assert leases.read(key)["held"] == 4 and leases.holders(key)["mine.b"]["n"] == 1 and mine.holds(key) == 1
+    assert not leases.take(key, SlotBlock("another.b", None, 3600), 4, now)
+    assert not leases.take_one(key, "interactive-1", 4, now + 3600)
+    leases.give(key, mine)
+    leases.give(key, other)
+    assert leases.read(key)["held"] == 2 and "mine.b" not in leases.holders(key) and mine.holds(key) == 0
+    assert leases.holders(key)["other.b"]["n"] == 1 and other.holds(key) == 1
+    leases.release_one(key, "interactive-0")
+    assert leases.read(key)["held"] == 1
 
 
-def test_a_release_that_fails_leaves_the_lease_to_expire_without_raising(harness, monkeypatch):
+def test_a_give_back_that_fails_leaves_the_slot_with_its_block_without_raising(harness, monkeypatch):
     leases = Leases(harness.settings)
     key = model_slots_key(MODEL)
-    leases.reap(key, 0)
-    assert apply_update(leases.acquire_element(key, "mine", 4, time.time() + 3600))
+    blocks = SlotBlocks(harness.settings)
+    block = blocks.for_batch("mine")
+    assert leases.take(key, block, 4, time.time())
+    client = aws.dynamodb()
+    real = client.update_item
 
-    def failing_release(slots_key, holder):
+    def throttled(**kwargs):
         raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
                           "UpdateItem")
 
-    monkeypatch.setattr(leases, "release", failing_release)
-    leases.release_all([key], "mine")  # what follows a release (count, wake, next message) must still run
-    assert set(Leases(harness.settings).holders(key)) == {"mine"}
+    monkeypatch.setattr(client, "update_item", throttled)
+    leases.give_all([key], block, "mine.0.run")  # what follows a give-back (count, wake, next message) must run
+    assert block.holds(key) == 1 and leases.read(key)["held"] == 1
+    # At the invocation's end its leftovers go back
+    monkeypatch.setattr(client, "update_item", real)
+    leases.give_back_leftovers(blocks)
+    assert block.holds(key) == 0 and leases.read(key)["held"] == 0 and leases.holders(key) == {}
+
+
+def test_an_item_of_the_old_form_gets_its_count_from_its_entries(harness):
+    # Given a slots item as it was before blocks: one entry per holder, no count
+    leases = Leases(harness.settings)
+    key = model_slots_key(MODEL)
+    now = time.time()
+    aws.dynamodb().put_item(TableName=harness.settings.accounts_table_name,
+                            Item={**key, "leases": values(leases={"old-0": now + 3600, "old-1": now - 1})[":leases"]})
+    # When a worker takes a slot there, Then the count starts from the entries (the expired one
+    # still counts until reaped), and the reaper takes the expired one off it
+    block = SlotBlock("mine.b", None, 3600)
+    assert leases.take(key, block, 4, now)
+    assert leases.read(key)["held"] == 3
+    assert leases.reap(key, now) == 2 and set(leases.holders(key)) == {"old-0", "mine.b"}
 
 
 def test_a_poisoned_record_fails_alone_in_its_invocation(harness, monkeypatch):

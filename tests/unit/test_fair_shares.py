@@ -4,62 +4,92 @@ from __future__ import annotations
 
 from freeinference_batch.batches import new_batch_id
 from freeinference_batch.fairness import AGING_SECONDS, fair_shares, keeps_slot, live_waiters, waited_its_turn
+from freeinference_batch.settings import Settings
 from freeinference_batch.store.dynamo import values
-from freeinference_batch.store.leases import lease_expiry, new_holder
+from freeinference_batch.store.leases import SlotBlock, new_block_holder, new_holder
 from freeinference_batch_local.aws_limits import item_bytes
 
 NOW = 1_000.0
 
 
-def slots_item(leases: list[str], waiters: list[tuple[str, int]], since: dict[str, float] | None = None) -> dict:
-    """A slots item: the holders' tokens, and (batch id, requests left) per waiting chain, each
-    waiting since `since[batch]` (default: just now)."""
+def slots_item(blocks: dict[str, int], waiters: list[tuple[str, int]], since: dict[str, float] | None = None,
+               aged: dict[str, int] | None = None) -> dict:
+    """A slots item: the blocks (`<batch>.<name>` -> slots held, `aged[name]` of them by chains
+    that waited their turn), and (batch id, requests left) per waiting chain, each waiting since
+    `since[batch]` (default: just now)."""
     return {
-        "leases": {holder: NOW + 60 for holder in leases},
+        "leases": {holder: {"n": n, "u": NOW + 60, "a": (aged or {}).get(holder, 0)} for holder, n in blocks.items()},
+        "held": sum(blocks.values()),
         "waiters": {f"{batch}#{n}": {"b": batch, "m": "m", "r": left, "h": "handle", "u": NOW + 10,
                                      "s": (since or {}).get(batch, NOW - 1)}
                     for n, (batch, left) in enumerate(waiters)},
     }
 
 
-def tokens(batch: str, lanes: range) -> list[str]:
-    return [f"{batch}.{lane}.t{lane}" for lane in lanes]
+def block_of(holder: str, runs: list[str]) -> SlotBlock:
+    block = SlotBlock(holder, None, 60.0)
+    for run in runs:
+        block.join(run)
+    return block
+
+
+def runs(batch: str, lanes: range) -> list[str]:
+    return [new_holder(batch, lane) for lane in lanes]
+
+
+def keeps(item: dict, block: SlotBlock, share: int) -> list[bool]:
+    """For each of the block's runs in lane order: does it keep its slot?"""
+    ordered = sorted(block.runs, key=lambda run: int(run.split(".")[1]))
+    return [keeps_slot(item, block.holder, block.rank(run), share) for run in ordered]
 
 
 def test_a_small_batch_waiting_takes_every_slot_it_can_use_from_a_big_one():
-    item = slots_item(tokens("big", range(4)), [("small", 20)] * 4)
+    item = slots_item({"big.b1": 4}, [("small", 20)] * 4)
     assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 4, "big": 0}
     # All four of the big batch's chains read the same item and all give their slots up
-    assert not any(keeps_slot(item, token, 0) for token in tokens("big", range(4)))
+    assert keeps(item, block_of("big.b1", runs("big", range(4))), 0) == [False] * 4
 
 
 def test_a_big_batch_that_waited_its_turn_keeps_it_while_small_batches_stream_in():
     # Three small batches holding a slot each and waiting for more; the big one holds one through
-    # a chain that had waited its turn (its token is marked aged)
+    # a chain that had waited its turn (its block counts it aged)
     big = new_holder("big", 2, aged=waited_its_turn(AGING_SECONDS))
-    item = slots_item([big, *tokens("s1", range(1)), *tokens("s2", range(1)), *tokens("s3", range(1))],
-                      [("s1", 90), ("s2", 80), ("s3", 100), ("s3", 100)])
+    item = slots_item({"big.b1": 1, "s1.b1": 1, "s2.b1": 1, "s3.b1": 1},
+                      [("s1", 90), ("s2", 80), ("s3", 100), ("s3", 100)], aged={"big.b1": 1})
     assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 1  # a quarter of the model
-    assert keeps_slot(item, big, 1)
+    assert keeps(item, block_of("big.b1", [big]), 1) == [True]
     for batch, left in (("s1", 90), ("s2", 80), ("s3", 100)):
         # a small batch's chain leaves the big one's slot alone: the small ones share the others
         shares = fair_shares(item, 4, batch, left, NOW)
         assert "big" not in shares and sum(shares.values()) == 3
     # Had it not waited, it would give its slot to the small batches, as above
-    fresh = new_holder("big", 2)
-    item["leases"][fresh] = item["leases"].pop(big)
+    item["leases"]["big.b1"]["a"] = 0
     assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 0
     assert not waited_its_turn(AGING_SECONDS - 1)
 
 
 def test_an_aged_chain_keeps_its_batchs_slot_before_lower_lanes():
     aged = new_holder("big", 3, aged=True)
-    item = slots_item([*tokens("big", range(3)), aged], [("bigger", 5000)])
-    assert [keeps_slot(item, token, 1) for token in [*tokens("big", range(3)), aged]] == [False, False, False, True]
+    item = slots_item({"big.b1": 4}, [("bigger", 5000)], aged={"big.b1": 1})
+    assert keeps(item, block_of("big.b1", [*runs("big", range(3)), aged]), 1) == [False, False, False, True]
+
+
+def test_blocks_keep_their_slots_in_order_aged_first_then_by_name():
+    # Three invocations hold the batch's 7 slots; its share is 4
+    item = slots_item({"big.a": 3, "big.b": 2, "big.c": 2}, [("bigger", 5000)], aged={"big.c": 1})
+    blocks = {name: block_of(f"big.{name}", runs("big", range(n))) for name, n in (("a", 3), ("b", 2), ("c", 2))}
+    # c holds an aged chain: it keeps first (both its slots: its aged run, then its lowest lane),
+    # then a keeps its two lowest lanes, and b gives both up
+    blocks["c"] = block_of("big.c", [new_holder("big", 0, aged=True), new_holder("big", 1)])
+    assert keeps(item, blocks["c"], 4) == [True, True]
+    assert keeps(item, blocks["a"], 4) == [True, True, False]
+    assert keeps(item, blocks["b"], 4) == [False, False]
+    # each slot kept once: as many kept as the share, whichever chain asks
+    assert sum(sum(keeps(item, block, 4)) for block in blocks.values()) == 4
 
 
 def test_among_batches_holding_none_the_longest_waiting_goes_first():
-    item = slots_item(tokens("other", range(2)), [("early", 2000), ("late", 1500)],
+    item = slots_item({"other.b1": 2}, [("early", 2000), ("late", 1500)],
                       since={"early": NOW - 30, "late": NOW - 1})
     item["waiters"]["other#9"] = {"b": "other", "m": "m", "r": 700, "h": "handle", "u": NOW + 10, "s": NOW}
     # the one waiting longer gets the slot the holder gives up, though the other has fewer left
@@ -68,41 +98,52 @@ def test_among_batches_holding_none_the_longest_waiting_goes_first():
 
 
 def test_a_small_batch_needing_fewer_slots_leaves_the_rest_to_the_big_one():
-    item = slots_item(tokens("big", range(4)), [("small", 2)] * 2)
+    item = slots_item({"big.b1": 4}, [("small", 2)] * 2)
     assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 2, "big": 2}
     # The big batch's lowest lanes keep theirs
-    assert [keeps_slot(item, token, 2) for token in tokens("big", range(4))] == [True, True, False, False]
+    assert keeps(item, block_of("big.b1", runs("big", range(4))), 2) == [True, True, False, False]
 
 
 def test_between_big_batches_every_holder_keeps_one_and_a_waiting_one_holding_none_gets_one():
-    item = slots_item(tokens("big", range(4)), [("bigger", 5000)] * 4)
+    item = slots_item({"big.b1": 4}, [("bigger", 5000)] * 4)
     assert fair_shares(item, 4, "big", 1900, NOW) == {"big": 3, "bigger": 1}
-    assert [keeps_slot(item, token, 3) for token in tokens("big", range(4))] == [True, True, True, False]
+    assert keeps(item, block_of("big.b1", runs("big", range(4))), 3) == [True, True, True, False]
     # and the bigger one, once it holds its one, gives nothing back to a bigger still
-    item = slots_item([*tokens("big", range(3)), *tokens("bigger", range(1))], [("big", 1800)])
+    item = slots_item({"big.b1": 3, "bigger.b1": 1}, [("big", 1800)])
     assert fair_shares(item, 4, "bigger", 5000, NOW) == {"big": 3, "bigger": 1}
 
 
 def test_slots_of_batches_without_waiters_stay_with_them():
-    item = slots_item([*tokens("other", range(3)), *tokens("big", range(1))], [("small", 2)])
+    item = slots_item({"other.b1": 3, "big.b1": 1}, [("small", 2)])
     assert fair_shares(item, 4, "big", 700, NOW) == {"small": 1, "big": 0}
-    item = slots_item([*tokens("other", range(3)), *tokens("big", range(1))], [("bigger", 2000)])
+    item = slots_item({"other.b1": 3, "big.b1": 1}, [("bigger", 2000)])
     assert fair_shares(item, 4, "big", 700, NOW) == {"big": 1, "bigger": 0}
 
 
+def test_the_gateways_single_slots_count_as_one_each():
+    item = slots_item({"big.b1": 2}, [("small", 20)])
+    item["leases"].update({"interactive-1": NOW + 30, "interactive-2": NOW + 30})
+    item["held"] += 2
+    # the gateway's two are nobody's to share: the small batch gets what the big one gives up
+    assert fair_shares(item, 4, "big", 1900, NOW) == {"small": 1, "big": 1}
+
+
 def test_expired_waiters_do_not_count():
-    item = slots_item(tokens("big", range(4)), [("small", 20)])
+    item = slots_item({"big.b1": 4}, [("small", 20)])
     item["waiters"]["small#0"]["u"] = NOW - 1
     assert fair_shares(item, 4, "big", 1900, NOW) == {"big": 4}
 
 
-def test_a_slots_item_with_500_holders_stays_under_32_kb():
-    # The slots items are the table's hottest: every take, renewal and release writes them whole,
-    # so at 500 holders their size is the write rate's multiplier. bench/aws_calls.py measures
-    # about 10 such writes a second at 500 requests in flight (0.10 per request at 100 requests/s),
-    # so 32 KB is what keeps them under a third of a partition's 1,000 WCU/s.
+def test_a_slots_item_at_500_in_flight_stays_near_2_kb():
+    # The slots items are the table's hottest: every take and give-back writes them whole, and
+    # every hand-over reads them. 500 requests in flight are held in blocks of what an invocation
+    # runs at once (at most the worker's BatchSize, 24; bench/aws_calls.py measures it), so the
+    # item holds a few dozen entries, each of one batch: 2 KB, 2 WCU a write, not 31.
     now = 1_764_800_000.123456
-    leases = {new_holder(new_batch_id(now + lane), lane, aged=True): lease_expiry(now + 1800.0004)
-              for lane in range(500)}
-    size = item_bytes({"leases": values(leases=leases)[":leases"]})
-    assert size <= 32 * 1024, f"{size} bytes, {size / 500:.0f} per holder"
+    settings = Settings()
+    blocks = {}
+    for invocation in range(500 // 20):
+        block = SlotBlock(new_block_holder(new_batch_id(now + invocation)), now + 900, settings.slot_lease_seconds)
+        blocks[block.holder] = {"n": 20, "u": block.until(now), "a": 20}
+    size = item_bytes({"leases": values(leases=blocks)[":leases"], "held": values(held=500)[":held"]})
+    assert size <= 2 * 1024, f"{size} bytes, {size / len(blocks):.0f} per block"

@@ -2,7 +2,9 @@
 policy, read from a slots item as `store/leases.py` keeps it, and testable without AWS.
 
 All the chains of a batch read the same item and so agree on which of them give a slot up
-(`keeps_slot`: the lowest lanes keep), instead of each yielding on its own.
+(`keeps_slot`: the blocks in order, and in each block its aged chains, then the lowest lanes),
+instead of each yielding on its own. What an item holds is counted in slots, not entries: an
+entry is a worker invocation's block of a batch's slots (store/leases.py).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from freeinference_batch.store.leases import Waiter, holder_batch, holder_lane, is_aged, waiters_of
+from freeinference_batch.store.leases import Waiter, entry_aged, entry_slots, holder_batch, waiters_of
 
 # A batch with at most this many requests left takes the slots it can use ahead of bigger ones:
 # it is over in a few request times.
@@ -30,7 +32,8 @@ def waited_its_turn(waited_seconds: float) -> bool:
 def held_by(item: dict | None, batch_id: str) -> int:
     """How many of the item's slots the batch's requests hold."""
     prefix = f"{batch_id}."
-    return sum(1 for holder in (item or {}).get("leases", {}) if holder.startswith(prefix))
+    return sum(entry_slots(entry) for holder, entry in (item or {}).get("leases", {}).items()
+               if holder.startswith(prefix))
 
 
 def rank(waiter: Waiter, item: dict | None) -> tuple[bool, float, float]:
@@ -59,8 +62,10 @@ def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int,
     waiting first), and the slots left go to the fewest requests left, up to as many chains as
     each has running or waiting."""
     leases = (item or {}).get("leases", {})
-    holders = Counter(holder_batch(h) for h in leases)
-    aged = {holder_batch(h) for h in leases if is_aged(h)}
+    holders: Counter[str] = Counter()
+    for holder, entry in leases.items():
+        holders[holder_batch(holder)] += entry_slots(entry)
+    aged = {holder_batch(h) for h, entry in leases.items() if entry_aged(entry)}
     waiters = live_waiters(item, now)
     waiting = Counter(w.batch_id for w in waiters)
     waiting_since: dict[str, float] = {}
@@ -96,13 +101,14 @@ def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int,
     return shares
 
 
-def keeps_slot(item: dict | None, token: str, share: int) -> bool:
-    """Whether this holder is among the `share` of its batch's holders that keep their slots:
-    aged ones first (they waited their turn), then the lowest lanes."""
-    batch = holder_batch(token)
-
-    def order(holder: str) -> tuple[bool, float, str]:
-        return not is_aged(holder), holder_lane(holder), holder
-
-    mine = sorted((h for h in (item or {}).get("leases", {}) if holder_batch(h) == batch), key=order)
-    return token in mine[:share]
+def keeps_slot(item: dict | None, block: str, rank: int, share: int) -> bool:
+    """Whether the run at `rank` of its block (`SlotBlock.rank`: aged runs first, then the lowest
+    lanes) is among the `share` of its batch's slots that are kept: the batch's blocks are taken
+    in order (those holding aged chains first, then by name), each with its slots."""
+    batch = holder_batch(block)
+    leases = (item or {}).get("leases", {})
+    mine = sorted((h for h in leases if holder_batch(h) == batch and h != block),
+                  key=lambda h: (not entry_aged(leases[h]), h))
+    mine_aged = entry_aged(leases.get(block, {}))
+    before = sum(entry_slots(leases[h]) for h in mine if (not entry_aged(leases[h]), h) < (not mine_aged, block))
+    return before + rank < share

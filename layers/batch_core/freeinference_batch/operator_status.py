@@ -25,7 +25,7 @@ from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable, batch_id_of
-from freeinference_batch.store.leases import Leases, model_slots_key
+from freeinference_batch.store.leases import Leases, live_slots, model_slots_key
 from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
 
 WINDOWS_MINUTES = (5, 60)
@@ -114,7 +114,7 @@ def _capacity(settings: Settings, leases: Leases, info: ModelInfo, name: str,
     inflight = int(load.get("inflight", 0))
     backoff = accounts_table.get_model_backoff(settings, name)
     cap = model_backoff.capped(info.batch_capacity(inflight), backoff)
-    held = sum(1 for until in leases.holders(model_slots_key(name)).values() if float(until) > now)
+    held = live_slots(leases.read(model_slots_key(name)), now)
     return cap, held, inflight, backoff
 
 

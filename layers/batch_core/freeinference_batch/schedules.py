@@ -10,7 +10,6 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
 from freeinference_batch.store.dynamo import TransactionFailed, transact
-from freeinference_batch.store.leases import Leases
 from freeinference_batch.store.runs import RunWrites, Tally
 
 # A batch still open this long after its window closed means something is stuck: alarm on it.
@@ -145,14 +144,13 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane
 def _stop_chain(writes: RunWrites, meta: BatchRecord, lane: dict, chain: int, runner: str,
                 fence_position: int | None = None) -> bool:
     """A run died holding the chain but no request: the chain is free again, one running fewer.
-    Its slots are released after the transaction by plain writes, as workers take them: no
-    transaction writes the slots items, so none conflicts with a worker's plain write there
-    (DynamoDB would refuse it with TransactionConflict, which botocore does not retry)."""
+    Its slot is its invocation's block's (store/leases.py), which the sweep leaves alone: the
+    invocation gives it back when it ends, or, killed, its block expires. (Giving one slot back
+    from here could count it twice, should the invocation give it back too.)"""
     try:
         transact(writes.stop_chain(meta.id, lane["model"], chain, runner, fence_position))
     except TransactionFailed:
         return False
-    Leases(writes.settings).release_held(lane["model"], meta.account_id, runner)
     logger.warning("freed the chain of a run that stopped", extra={"batch_id": meta.id, "chain": chain})
     return True
 
@@ -179,8 +177,8 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: di
     `upstream_error` because the spec's codes are a closed list clients switch on, and this is its
     "another server error, after every retry"; the message says what happened. No `status`: no
     HTTP answer stands behind it.
-    Its slots are released and its run's chain freed (one running fewer). Conditional on the dead
-    run's claim, so a late settle cannot also count."""
+    Its run's chain is freed (one running fewer; its slot is its invocation's block's, see
+    `_stop_chain`). Conditional on the dead run's claim, so a late settle cannot also count."""
     claim = state.get("claim", "")
     holder = state.get("slot_holder", claim)
     if runner is not None and runner != holder:
@@ -207,7 +205,6 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: di
         transact([request, *chain])
     except TransactionFailed:
         return False
-    Leases(writes.settings).release_held(lane["model"], meta.account_id, holder)
     done = "failed a request whose every run was interrupted" if interrupted else "took back a stopped run's request"
     logger.warning(done, extra={"batch_id": meta.id, "position": position})
     return True

@@ -2,26 +2,37 @@
 writes: `MODEL#<id>/SLOTS` (the model's batch slots) and `ACCOUNT#<id>/SLOTS` (the account's
 concurrent-request slots, shared with its interactive traffic).
 
-A slot is an entry `holder -> expiry` in the item's `leases` map; taking one is a conditional
-write on the map's size, written alone (never in a transaction, which DynamoDB bills twice: these
-are the table's largest hot items). A worker that dies leaves an entry that simply expires:
-whoever next finds the slots full reaps expired entries. A holder
-is a batch's chain, `<batch id>.<lane>.<random>`, for as long as it runs on in one invocation
-(its requests' claims come and go under it: see `Settings.slot_lease_seconds`), so the map also
-tells how many slots each batch holds, and which of its lanes hold them.
+The item's form (docs/ARCHITECTURE.md, "Slots items", with the gateway's side and the migration):
+- `held`: how many slots are held, all entries together. Every write that adds or removes a slot
+  changes it in the same UpdateItem, and a take is conditional on it (`held <= capacity - 1`):
+  the size of the map no longer says how many slots are held.
+- `leases`: one entry per holder. A number is one slot until that expiry (what the interactive
+  gateway writes: one entry per interactive request). A map `{n, u, a}` is a block: `n` slots held
+  by one worker invocation for one batch until `u`, `a` of them by chains that waited their turn
+  (fairness.py). So at 500 batch requests in flight the map holds a few dozen blocks, not 500
+  entries: the item stays near 2 KB instead of 31 KB, and every claim reads it and every take and
+  release writes it whole.
+- `waiters`: chains that found the slots full, each with the receipt handle of its parked
+  message. Whoever frees a slot without taking it again makes the best waiter's message visible
+  at once. Who is best, and how many slots each batch should hold while others wait, is the
+  engine's policy (`fairness.py`).
 
-Beside the leases, the item keeps `waiters`: chains that found the slots full, each with the
-receipt handle of its parked message. Whoever frees a slot without taking it again makes the
-best waiter's message visible at once, so a freed slot never sits idle for the length of a park.
-Who is best, and how many slots each batch should hold while others wait, is the engine's
-policy (`fairness.py`); this module only stores and reads the leases and the waiters.
+A block is the invocation's (`SlotBlock`, one per batch in a `SlotBlocks` per invocation): its
+chains take and give back slots one at a time through it, each a compare-and-set on the block's
+own `n` (only its invocation writes it), so a write that botocore sent again after its answer was
+lost is told apart from a refusal by one consistent read of the entry. Nothing is ever written in
+a transaction (DynamoDB bills a transaction's writes twice, and transactions on these items would
+conflict with each other). A block's expiry never outlives its invocation by more than
+`BLOCK_MARGIN_SECONDS`: an invocation that dies (killed, timed out) leaves a block that simply
+expires, and whoever next finds the slots full reaps it.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
@@ -43,27 +54,35 @@ def model_load_key(model: str) -> dict:
     return key(f"MODEL#{model}", "LOAD")
 
 
+def slots_name(slots_key: dict) -> str:
+    return slots_key["pk"]["S"]
+
+
 # Bounds the slots item (every gate read carries it): beyond this, waiters just park longer.
 MAX_WAITERS = 32
 
-
 AGED_MARK = ".a"  # short, as the random part: see HOLDER_RANDOM_BYTES
 
-
-# A holder's random part tells apart two runs of one chain whose holds overlap (a dead run's until
-# it expires, and the next run's): 32 bits make a clash one in four billion. It is short because
-# every holder is an entry of the slots items, the table's hottest, which every claim reads and
-# every take, renewal and release writes whole: at 500 holders each byte of an entry is 500 bytes
-# of every such write (bench/README.md, hot items).
+# A run's (and a block's) random part tells apart two holds of one chain (or batch) that overlap:
+# a dead one's until it expires, and the next one's. 32 bits make a clash one in four billion.
 HOLDER_RANDOM_BYTES = 4
 # Expiries are kept to the hundredth of a second: 12 digits, 7 bytes of a DynamoDB number.
 EXPIRY_DECIMALS = 2
+# A block expires this long after its invocation's end at the latest: Lambda has killed it by
+# then, and the margin covers clocks that differ between hosts.
+BLOCK_MARGIN_SECONDS = 60.0
 
 
 def new_holder(batch_id: str, lane: int, aged: bool = False) -> str:
-    """A chain's hold on its slots: `<batch id>.<lane>.<random>`, marked `.a` for a chain that
-    waited its turn (see fairness.py)."""
+    """A chain's run: `<batch id>.<lane>.<random>`, marked `.a` for a chain that waited its turn
+    (see fairness.py). It is the chain's `runner` and its requests' `slot_holder`; the slots
+    themselves are held by its invocation's block for the batch."""
     return f"{batch_id}.{lane}.{secrets.token_hex(HOLDER_RANDOM_BYTES)}{AGED_MARK if aged else ''}"
+
+
+def new_block_holder(batch_id: str) -> str:
+    """A block's entry name: `<batch id>.<random>`."""
+    return f"{batch_id}.{secrets.token_hex(HOLDER_RANDOM_BYTES)}"
 
 
 def lease_expiry(until: float) -> float:
@@ -81,7 +100,111 @@ def holder_batch(holder: str) -> str:
 
 def holder_lane(holder: str) -> float:
     lane = holder.split(".")[1] if holder.count(".") >= 2 else ""
-    return int(lane) if lane.isdigit() else math.inf  # not a batch chain's token: ranks last
+    return int(lane) if lane.isdigit() else math.inf  # not a batch chain's run: ranks last
+
+
+def entry_slots(entry: object) -> int:
+    """How many slots an entry of `leases` holds: a block's `n`, or one."""
+    return int(entry["n"]) if isinstance(entry, dict) else 1
+
+
+def entry_expiry(entry: object) -> float:
+    return float(entry["u"]) if isinstance(entry, dict) else float(entry)  # type: ignore[arg-type]
+
+
+def entry_aged(entry: object) -> int:
+    """How many of an entry's slots are held by chains that waited their turn."""
+    return int(entry.get("a", 0)) if isinstance(entry, dict) else 0
+
+
+def slots_held(item: dict | None) -> int:
+    """The slots the item says are held: its `held` counter (an item of the old form, which has
+    none, counts its entries: one slot each)."""
+    item = item or {}
+    if "held" in item:
+        return int(item["held"])
+    return sum(entry_slots(entry) for entry in item.get("leases", {}).values())
+
+
+def live_slots(item: dict | None, now: float) -> int:
+    """The slots held by entries that have not expired (an operator's figure: `admin status`)."""
+    return sum(entry_slots(e) for e in (item or {}).get("leases", {}).values() if entry_expiry(e) > now)
+
+
+@dataclass
+class SlotBlock:
+    """One worker invocation's hold on one batch's slots: an entry of each slots item, `n` slots
+    each, shared by the invocation's chains of that batch. Its writes take `lock`: only this
+    invocation writes its entries, so each write is a compare-and-set on the `n` it last wrote."""
+
+    holder: str
+    # When the invocation ends (the clock's time); None without a deadline (tests, a record
+    # handled alone), where renewals alone keep the block.
+    ends_at: float | None
+    slot_lease_seconds: float
+    counts: dict[str, int] = field(default_factory=dict)  # slots item (its pk) -> slots held there
+    expiries: dict[str, float] = field(default_factory=dict)  # slots item -> the entry's `u` as written
+    keys: dict[str, dict] = field(default_factory=dict)
+    runs: dict[str, bool] = field(default_factory=dict)  # the chains' runs in the block -> aged
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def join(self, run: str) -> None:
+        with self.lock:
+            self.runs[run] = is_aged(run)
+
+    def leave(self, run: str) -> None:
+        with self.lock:
+            self.runs.pop(run, None)
+
+    def aged(self) -> int:
+        return sum(self.runs.values())
+
+    def rank(self, run: str) -> int:
+        """The run's place among the block's (aged first, then by lane): who keeps its slot when
+        the batch holds more than its share (fairness.keeps_slot)."""
+        with self.lock:
+            order = sorted(self.runs, key=lambda r: (not self.runs[r], holder_lane(r), r))
+        return order.index(run) if run in order else len(order)
+
+    def holds(self, slots_key: dict) -> int:
+        return self.counts.get(slots_name(slots_key), 0)
+
+    def until(self, now: float) -> float:
+        """The expiry a write of the block's entries sets: a slot lease from now, never past the
+        invocation's end (plus the margin), which Lambda does not let the block outlive."""
+        until = now + self.slot_lease_seconds
+        if self.ends_at is not None:
+            until = min(until, self.ends_at + BLOCK_MARGIN_SECONDS)
+        return lease_expiry(until)
+
+    def renewal_due(self, slots_key: dict, now: float, lease_seconds: float) -> bool:
+        """Whether the entry has less than a request's lease left and a renewal would extend it.
+        With the invocation's end in sight the entry already lasts as long as the invocation
+        (slot leases are longer than a worker's timeout), so a deployed block is never renewed."""
+        current = self.expiries.get(slots_name(slots_key), 0.0)
+        return current - now < lease_seconds and self.until(now) > current
+
+
+class SlotBlocks:
+    """A worker invocation's blocks, one per batch its records belong to."""
+
+    def __init__(self, settings: Settings, ends_at: float | None = None) -> None:
+        self.slot_lease_seconds = settings.slot_lease_seconds
+        self.ends_at = ends_at
+        self._blocks: dict[str, SlotBlock] = {}
+        self._lock = threading.Lock()
+
+    def for_batch(self, batch_id: str) -> SlotBlock:
+        with self._lock:
+            block = self._blocks.get(batch_id)
+            if block is None:
+                block = self._blocks[batch_id] = SlotBlock(new_block_holder(batch_id), self.ends_at,
+                                                           self.slot_lease_seconds)
+            return block
+
+    def blocks(self) -> list[SlotBlock]:
+        with self._lock:
+            return list(self._blocks.values())
 
 
 @dataclass(frozen=True)
@@ -112,91 +235,203 @@ class Leases:
     def __init__(self, settings: Settings) -> None:
         self.table = settings.accounts_table_name
 
-    def acquire_element(self, slots_key: dict, holder: str, capacity: int, until: float,
-                        stop_waiting: str | None = None) -> dict:
-        """Take a slot; `stop_waiting` names the claimant's own waiter entry, removed with it."""
-        names = {"#holder": holder}
-        expression = "SET leases.#holder = :until"
-        if stop_waiting:
-            expression += " REMOVE waiters.#waiter"
-            names["#waiter"] = stop_waiting
-        return {"Update": {
-            "TableName": self.table, "Key": slots_key,
-            "UpdateExpression": expression,
-            # Already ours: a write botocore sent again after its answer was lost succeeds again.
-            "ConditionExpression": "attribute_exists(leases.#holder) OR "
-                                   "(attribute_exists(leases) AND size(leases) < :capacity)",
-            "ExpressionAttributeNames": names,
-            "ExpressionAttributeValues": values(until=lease_expiry(until), capacity=capacity),
-        }}
+    def _update(self, slots_key: dict, expression: str, condition: str | None = None, names: dict | None = None,
+                **named: object) -> None:
+        arguments: dict = {"TableName": self.table, "Key": slots_key, "UpdateExpression": expression}
+        if condition:
+            arguments["ConditionExpression"] = condition
+        if names:
+            arguments["ExpressionAttributeNames"] = names
+        if named:
+            arguments["ExpressionAttributeValues"] = values(**named)
+        aws.dynamodb().update_item(**arguments)
 
-    def renew_element(self, slots_key: dict, holder: str, capacity: int, until: float) -> dict:
-        """Extend a held slot, unless it was reaped or the capacity has shrunk below the holders."""
-        return {"Update": {
-            "TableName": self.table, "Key": slots_key,
-            "UpdateExpression": "SET leases.#holder = :until",
-            "ConditionExpression": "attribute_exists(leases.#holder) AND size(leases) <= :capacity",
-            "ExpressionAttributeNames": {"#holder": holder},
-            "ExpressionAttributeValues": values(until=lease_expiry(until), capacity=capacity),
-        }}
+    def read(self, slots_key: dict) -> dict | None:
+        answer = aws.dynamodb().get_item(TableName=self.table, Key=slots_key, ConsistentRead=True)
+        return from_item(answer.get("Item"))
 
-    def release_element(self, slots_key: dict, holder: str) -> dict:
-        return {"Update": {
-            "TableName": self.table, "Key": slots_key,
-            "UpdateExpression": "REMOVE leases.#holder",
-            "ExpressionAttributeNames": {"#holder": holder},
-        }}
+    # ---- a block's writes (the workers')
 
-    def release(self, slots_key: dict, holder: str) -> None:
-        aws.dynamodb().update_item(**self.release_element(slots_key, holder)["Update"])
+    def take(self, slots_key: dict, block: SlotBlock, capacity: int, now: float,
+             stop_waiting: str | None = None) -> bool:
+        """One more slot for the block, if the item has one free; `stop_waiting` names the
+        claimant's own waiter entry, removed with it. False when the slots are full."""
+        name = slots_name(slots_key)
+        with block.lock:
+            block.keys[name] = slots_key
+            for _ in range(2):
+                old = block.counts.get(name, 0)
+                entry = {"n": old + 1, "u": block.until(now), "a": block.aged()}
+                names = {"#holder": block.holder}
+                expression = "SET leases.#holder = :entry, held = held + :one"
+                if stop_waiting:
+                    expression += " REMOVE waiters.#waiter"
+                    names["#waiter"] = stop_waiting
+                mine = "attribute_not_exists(leases.#holder)" if old == 0 else "leases.#holder.n = :old"
+                try:
+                    self._update(slots_key, expression, f"{mine} AND held <= :room", names, entry=entry, one=1,
+                                 room=capacity - 1, **({"old": old} if old else {}))
+                except ClientError as error:
+                    if not is_conditional_failure(error):
+                        raise
+                    item = self.read(slots_key)
+                    written = (item or {}).get("leases", {}).get(block.holder)
+                    if isinstance(written, dict) and int(written["n"]) == old + 1:
+                        pass  # our own write, sent again by botocore after its answer was lost
+                    elif item is None or "held" not in item:
+                        self.ensure_form(slots_key, item)  # an item of the old form, or none: then again
+                        continue
+                    else:
+                        if old and written is None:
+                            block.counts[name] = 0  # the block expired and was reaped: it holds none
+                            logger.warning("a slots block expired while held", extra={"slots": name})
+                        return False
+                block.counts[name], block.expiries[name] = old + 1, entry["u"]
+                return True
+            return False
 
-    def release_held(self, model: str, account_id: str, holder: str) -> None:
-        """Give up both slots a chain holds, the model's and its account's (see `release_all`)."""
-        self.release_all([model_slots_key(model), account_slots_key(account_id)], holder)
-
-    def release_all(self, slots_keys: list[dict], holder: str) -> None:
-        """Give up the holder's slots, one plain write each (a holder is one run's alone, so
-        releasing one already released or reaped changes nothing). Never raises: a release that
-        fails leaves a lease that expires, which must not stop what the caller does next (count,
-        wake, send the chain's next message)."""
-        for slots_key in slots_keys:
+    def give(self, slots_key: dict, block: SlotBlock) -> None:
+        """One slot fewer for the block. Never raises: a slot that could not be given back stays
+        with the block until its invocation ends (`give_back_leftovers`) or its entry expires,
+        which must not stop what the caller does next (count, wake, send the chain's next message)."""
+        name = slots_name(slots_key)
+        with block.lock:
+            old = block.counts.get(name, 0)
+            if old == 0:
+                return
+            names = {"#holder": block.holder}
             try:
-                self.release(slots_key, holder)
+                if old == 1:
+                    self._update(slots_key, "REMOVE leases.#holder SET held = held - :old", "leases.#holder.n = :old",
+                                 names, old=old)
+                else:
+                    entry = {"n": old - 1, "u": block.expiries.get(name, block.until(0)), "a": block.aged()}
+                    self._update(slots_key, "SET leases.#holder = :entry, held = held - :one",
+                                 "leases.#holder.n = :old", names, entry=entry, old=old, one=1)
+                block.counts[name] = old - 1
+            except ClientError as error:
+                if not is_conditional_failure(error):
+                    logger.warning("could not give a slot back: its block keeps it", exc_info=True,
+                                   extra={"slots": name})
+                    return
+                # Our own write sent again after its answer was lost, or the block expired and was
+                # reaped: either way the entry now says what the block holds.
+                written = ((self.read(slots_key) or {}).get("leases") or {}).get(block.holder)
+                block.counts[name] = entry_slots(written) if written is not None else 0
             except Exception:
-                logger.warning("could not release a slot: it expires", exc_info=True,
-                               extra={"slots": slots_key["pk"]["S"]})
+                logger.warning("could not give a slot back: its block keeps it", exc_info=True, extra={"slots": name})
+
+    def give_all(self, slots_keys: list[dict], block: SlotBlock, run: str) -> None:
+        """A chain's run gives back its slot of each item (never raises, see `give`)."""
+        block.leave(run)
+        for slots_key in slots_keys:
+            self.give(slots_key, block)
+
+    def give_back_leftovers(self, blocks: SlotBlocks) -> None:
+        """At an invocation's end no chain runs: whatever its blocks still hold (a give-back that
+        failed) goes back now rather than at the entries' expiry."""
+        for block in blocks.blocks():
+            for name, slots_key in list(block.keys.items()):
+                for _ in range(block.counts.get(name, 0)):
+                    self.give(slots_key, block)
+
+    def renew(self, slots_key: dict, block: SlotBlock, capacity: int, now: float, lease_seconds: float) -> bool:
+        """Extend the block's entry (once per lease, whichever of its chains comes first), unless
+        it was reaped or the capacity has shrunk below what is held: then False."""
+        name = slots_name(slots_key)
+        with block.lock:
+            if not block.renewal_due(slots_key, now, lease_seconds):
+                return True  # another chain of the block renewed it
+            until = block.until(now)
+            try:
+                self._update(slots_key, "SET leases.#holder.u = :until",
+                             "attribute_exists(leases.#holder) AND held <= :capacity", {"#holder": block.holder},
+                             until=until, capacity=capacity)
+            except ClientError as error:
+                if not is_conditional_failure(error):
+                    raise
+                if block.holder not in ((self.read(slots_key) or {}).get("leases") or {}):
+                    block.counts[name] = 0  # reaped: the block holds nothing here any more
+                return False
+            block.expiries[name] = until
+            return True
+
+    # ---- one slot under an entry of its own: the interactive gateway's writes (see the docstring)
+
+    def take_one(self, slots_key: dict, holder: str, capacity: int, until: float) -> bool:
+        """What the interactive gateway writes for one of its requests (ARCHITECTURE, "Slots
+        items"): an entry `holder -> expiry` and one more `held`. A re-send after a lost answer
+        fails its condition and finds the entry its own."""
+        until = lease_expiry(until)
+        try:
+            self._update(slots_key, "SET leases.#holder = :until, held = held + :one",
+                         "attribute_not_exists(leases.#holder) AND held < :capacity", {"#holder": holder},
+                         until=until, one=1, capacity=capacity)
+            return True
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
+        item = self.read(slots_key)
+        if item is None or "held" not in item:
+            item = self.ensure_form(slots_key, item)
+            if "held" in item:
+                return self.take_one(slots_key, holder, capacity, until)
+        return (item or {}).get("leases", {}).get(holder) == until
+
+    def release_one(self, slots_key: dict, holder: str) -> None:
+        """The gateway's release of its entry (a re-send finds it gone and changes nothing)."""
+        try:
+            self._update(slots_key, "REMOVE leases.#holder SET held = held - :one",
+                         "attribute_exists(leases.#holder)", {"#holder": holder}, one=1)
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
+
+    # ---- the item's form, and expired entries
+
+    def ensure_form(self, slots_key: dict, item: dict | None) -> dict:
+        """Make sure the item exists with its `held` counter, and answer it. An item of the old
+        form (before blocks: entries of one slot each, no counter) gets `held` = its entries,
+        conditional on their number as read."""
+        try:
+            if item is None or "leases" not in item:
+                self._update(slots_key, "SET leases = :empty, held = :zero", "attribute_not_exists(leases)",
+                             empty={}, zero=0)
+            elif "held" not in item:
+                count = len(item["leases"])
+                self._update(slots_key, "SET held = :count", "attribute_not_exists(held) AND size(leases) = :count",
+                             count=count)
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
+        return self.read(slots_key) or {}
 
     def reap(self, slots_key: dict, now: float) -> int:
-        """Make sure the slots item exists and drop expired leases; returns how many are still held
-        (as read now: the item may have changed since the caller read it)."""
-        answer = aws.dynamodb().get_item(TableName=self.table, Key=slots_key, ConsistentRead=True)
-        item = from_item(answer.get("Item"))
-        if item is None or "leases" not in item:
-            try:
-                aws.dynamodb().update_item(
-                    TableName=self.table, Key=slots_key, UpdateExpression="SET leases = :empty",
-                    ConditionExpression="attribute_not_exists(leases)", ExpressionAttributeValues=values(empty={}),
-                )
-            except ClientError as error:
-                if not is_conditional_failure(error):
-                    raise
-            return 0
-        held = 0
-        for holder, until in item["leases"].items():
-            if until > now:
-                held += 1
+        """Make sure the slots item exists in its form and drop expired entries; returns how many
+        slots are still held (as read now: the item may have changed since the caller read it)."""
+        item = self.read(slots_key)
+        if item is None or "held" not in item:
+            item = self.ensure_form(slots_key, item)
+        held = slots_held(item)
+        for holder, entry in item.get("leases", {}).items():
+            if entry_expiry(entry) > now:
                 continue
+            slots = entry_slots(entry)
+            if isinstance(entry, dict):
+                same, named = "leases.#holder.u = :until AND leases.#holder.n = :n", {"until": entry["u"], "n": slots}
+            else:
+                same, named = "leases.#holder = :until", {"until": entry}
             try:
-                aws.dynamodb().update_item(
-                    TableName=self.table, Key=slots_key, UpdateExpression="REMOVE leases.#holder",
-                    ConditionExpression="leases.#holder = :until",
-                    ExpressionAttributeNames={"#holder": holder}, ExpressionAttributeValues=values(until=until),
-                )
+                self._update(slots_key, "REMOVE leases.#holder SET held = held - :n", same, {"#holder": holder},
+                             **{"n": slots, **named})
+                held -= slots
             except ClientError as error:
                 if not is_conditional_failure(error):
                     raise
-                held += 1  # renewed (or handed over) since the read: still held
+                # Renewed since the read, or another reaper was first: either way no slot of ours to count.
         return held
+
+    # ---- waiters
 
     def add_waiter(self, slots_key: dict, item: dict | None, waiter: Waiter, now: float) -> dict | None:
         """Register a waiting chain (replacing its older entry, dropping expired ones). Answers the
@@ -240,7 +475,6 @@ class Leases:
                 raise
             return False
 
-    def holders(self, slots_key: dict) -> dict[str, float]:
-        answer = aws.dynamodb().get_item(TableName=self.table, Key=slots_key, ConsistentRead=True)
-        item = from_item(answer.get("Item")) or {}
-        return item.get("leases", {})
+    def holders(self, slots_key: dict) -> dict[str, object]:
+        """The item's entries: holder -> expiry (one slot) or block `{n, u, a}`."""
+        return (self.read(slots_key) or {}).get("leases", {})

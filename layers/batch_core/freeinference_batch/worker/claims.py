@@ -1,6 +1,6 @@
-"""Claiming a request: its gates, a slot of the model and of the account (a conditional write
-each), and the claim transaction (request queued -> running, the chain taken, the batch's running
-count)."""
+"""Claiming a request: its gates, a slot of the model and of the account (one more slot in the
+invocation's block of each, a conditional write each), and the claim transaction (request
+queued -> running, the chain taken, the batch's running count)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from freeinference_batch.schemas import BatchStatus, RequestMessage, RequestStat
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.dynamo import TransactionFailed, apply_update, transact
-from freeinference_batch.store.leases import Leases, new_holder
+from freeinference_batch.store.dynamo import TransactionFailed, transact
+from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, entry_expiry, new_holder, slots_held
 from freeinference_batch.store.runs import RunWrites, Tally
 from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiting_since
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
@@ -28,11 +28,12 @@ CHAIN_BUSY_WAIT_SECONDS = (5.0, 10.0)
 
 
 class Claims:
-    def __init__(self, settings: Settings, table: BatchTable, leases: Leases, gates: Gatekeeper,
+    def __init__(self, settings: Settings, table: BatchTable, leases: Leases, blocks: SlotBlocks, gates: Gatekeeper,
                  waiting: WaitingRoom, chains: Chains, writes: RunWrites) -> None:
         self.settings = settings
         self.table = table
         self.leases = leases
+        self.blocks = blocks
         self.gates = gates
         self.waiting = waiting
         self.chains = chains
@@ -67,40 +68,42 @@ class Claims:
 
         slots = slots_as_read(message, gates, verdict)
         for slots_key, item, capacity in slots:
-            leases = (item or {}).get("leases")
-            if leases is not None and len(leases) < capacity:
+            if item is not None and "held" in item and slots_held(item) < capacity:
                 continue
             # Full as read. Held by live leases, it is waited for: registering as a waiter answers
             # the item as it is then, so a slot freed since the read is seen there. Otherwise (never
-            # used, or a dead worker's lease expired in it) reap first, counting from reap's own read.
-            live = leases is not None and all(until > now for until in leases.values())
+            # used, of the old form, or a dead invocation's block expired in it) reap first,
+            # counting from reap's own read.
+            leases = (item or {}).get("leases")
+            live = item is not None and "held" in item and all(
+                expiry > now for expiry in map(entry_expiry, (leases or {}).values()))
             if (live and record.get("receiptHandle")) or self.leases.reap(slots_key, now) >= capacity:
                 return self.waiting.wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
         sent = waiting_since(message, record, now)
-        holder = new_holder(message.batch_id, chain_of(message, meta), aged=fairness.waited_its_turn(now - sent))
+        run = new_holder(message.batch_id, chain_of(message, meta), aged=fairness.waited_its_turn(now - sent))
+        block = self.blocks.for_batch(message.batch_id)
         token = uuid.uuid4().hex
-        slots_until = now + self.settings.slot_lease_seconds
         waiting_as = waiter_id(message, meta)
-        # The slots first, each by a plain conditional write, then the claim's transaction. The
-        # slots items are the table's hottest and largest (31 KB at 500 holders): in a transaction
+        # The slots first, each one more in the invocation's block by a plain conditional write,
+        # then the claim's transaction. The slots items are the table's hottest: in a transaction
         # DynamoDB would bill each of their writes twice, and transactions on them would conflict
-        # with each other. A run that dies between the two leaves leases that no claim names: they
-        # expire (slot_lease_seconds) and whoever next finds the slots full reaps them.
+        # with each other. An invocation that dies between the two leaves a block that no claim
+        # names: it expires (store/leases.py) and whoever next finds the slots full reaps it.
+        block.join(run)
         taken: list[dict] = []
         try:
             for slots_key, item, capacity in slots:
                 stop_waiting = waiting_as if waiting_as in (item or {}).get("waiters", {}) else None
-                if not apply_update(self.leases.acquire_element(slots_key, holder, capacity, slots_until,
-                                                                stop_waiting=stop_waiting)):
+                if not self.leases.take(slots_key, block, capacity, now, stop_waiting=stop_waiting):
                     # Someone took the slot since the read.
-                    self._give_back(message, meta, holder, taken, now)
+                    self._give_back(message, meta, block, run, taken, now)
                     return self.waiting.wait_for_slot(message, meta, record, now, slots_key, None, capacity)
                 taken.append(slots_key)
-            transact([self.writes.claim(message, token, holder, now + self.settings.lease_seconds, meta.ttl),
-                      *self.writes.start_chain(message, meta, holder, now)])
+            transact([self.writes.claim(message, token, run, now + self.settings.lease_seconds, meta.ttl),
+                      *self.writes.start_chain(message, meta, run, now)])
         except TransactionFailed as failure:
-            self._give_back(message, meta, holder, taken, now)
+            self._give_back(message, meta, block, run, taken, now)
             if failure.failed(0):
                 return self._duplicate(message, now)
             if failure.failed(1):
@@ -115,7 +118,7 @@ class Claims:
             # An AWS error between the slots and the claim (the caller parks the message): give the
             # slots back now rather than leave them to expire. Should the claim have been written
             # after all, its request runs nowhere, and the sweep takes it back by its lease.
-            self._give_back(message, meta, holder, taken, now)
+            self._give_back(message, meta, block, run, taken, now)
             raise
         if meta.status == BatchStatus.VALIDATING:
             # The claim moved it to in_progress (another chain's first claim may have too, at the
@@ -123,15 +126,15 @@ class Claims:
             log_status_change("batch started", message.batch_id, BatchStatus.IN_PROGRESS, meta.status)
         metric("QueueWait", max(0.0, now - sent), "Seconds")
         tally = Tally(message.model, meta.lane_widths[message.model], head=message.index, since=now)
-        return Claimed(message, meta, token, holder, has_record=True, tally=tally, capacity=verdict.capacity,
+        return Claimed(message, meta, token, run, block, has_record=True, tally=tally, capacity=verdict.capacity,
                        backoff=gates.backoff)
 
-    def _give_back(self, message: RequestMessage, meta: BatchRecord, holder: str, taken: list[dict],
-                   now: float) -> None:
-        """Release the slots a claim took before it failed, and wake whoever waits for them (a
+    def _give_back(self, message: RequestMessage, meta: BatchRecord, block: SlotBlock, run: str,
+                   taken: list[dict], now: float) -> None:
+        """Give back the slots a claim took before it failed, and wake whoever waits for them (a
         chain may have found them full meanwhile)."""
+        self.leases.give_all(taken, block, run)
         if taken:
-            self.leases.release_all(taken, holder)
             self.waiting.wake_waiters(message, meta.account_id, now)
 
     def _duplicate(self, message: RequestMessage, now: float) -> Done | Parked:

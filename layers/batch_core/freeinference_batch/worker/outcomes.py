@@ -13,6 +13,7 @@ from freeinference_batch import model_backoff
 from freeinference_batch.observability import metrics
 from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.store.batch_record import BatchRecord
+from freeinference_batch.store.leases import SlotBlock
 from freeinference_batch.store.runs import Tally
 
 _metrics_lock = threading.Lock()
@@ -67,10 +68,12 @@ class Claimed:
 
     message: RequestMessage
     meta: BatchRecord
-    # The request's claim (every write of its run is conditional on it) and the chain's hold on
-    # its two slots, which outlives the claim: a hand-over passes the slots on without writing them.
+    # The request's claim (every write of its run is conditional on it), the chain's run (its
+    # `runner`, which outlives the claim: a hand-over passes it on), and the invocation's block
+    # that holds the run's two slots (store/leases.py), which a hand-over keeps without writing.
     token: str
-    holder: str
+    run: str
+    block: SlotBlock
     # False for a request claimed by a hand-over: the SQS record in hand belongs to an earlier one.
     has_record: bool
     # What the chain's run has settled and not yet counted (store/runs.py).

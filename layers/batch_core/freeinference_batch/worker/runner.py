@@ -5,15 +5,15 @@ calls, a request's life is:
 
 1. one BatchGetItem reads the batch, the owner's key, account and day's usage, the model's
    interactive load and both slot items (the gates, cheapest first);
-2. a model slot and an account slot, one conditional write each (slots are leases held by the
-   chain, see store/leases.py), then one transaction claims it: request queued→running
-   (attempts+1), the chain taken at its head, the batch's running count;
+2. a model slot and an account slot, one conditional write each (one more slot in the
+   invocation's block of the batch's slots, see store/leases.py), then one transaction claims it:
+   request queued→running (attempts+1), the chain taken at its head, the batch's running count;
 3. the upstream call;
 4. the hand-over, after step 1's gates for the chain's next request: one write settles this
    request, one claims the next, and now and then one transaction counts what the run settled
    (the batch's counters and cost, the day's usage, the chain's head moved on). The chain keeps
-   its two slots without writing them (it renews its hold once per `lease_seconds`). The next
-   request then runs in the same invocation.
+   its two slots without writing them (its block is renewed at most once per `lease_seconds`).
+   The next request then runs in the same invocation.
 
 A chain leaves the invocation (a settle and count that stops the chain, the slots released,
 and a message for its next request) when a gate says no, the invocation is near its timeout,
@@ -29,7 +29,7 @@ cap under upstream overload); the writes themselves are `store/runs.py`'s and `s
 Every write of a request, and every count, is conditional on the request's claim token or the
 chain's head, so duplicate deliveries, concurrent workers and a worker that dies between any two
 steps never count anything twice: what a dead worker leaves behind, the sweep finds by its
-expired lease. Slots are capacity, not counts: a slot a dead worker held expires.
+expired lease. Slots are capacity, not counts: a block a dead invocation held expires.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.leases import Leases
+from freeinference_batch.store.leases import Leases, SlotBlocks
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, waiting_since
 from freeinference_batch.worker.claims import Claims
@@ -66,9 +66,11 @@ FRESH_COPY_AFTER_RECEIVES = 500
 
 
 class Worker:
-    def __init__(self, settings: Settings, memory_mb: int = FUNCTION_MEMORY_MB) -> None:
+    def __init__(self, settings: Settings, memory_mb: int = FUNCTION_MEMORY_MB,
+                 blocks: SlotBlocks | None = None) -> None:
         """`memory_mb`: the function's memory (its Lambda context's), which sizes how many large
-        requests it holds at once (worker/memory.py)."""
+        requests it holds at once (worker/memory.py). `blocks`: the invocation's holds on slots,
+        shared by the Workers of its records (store/leases.py); by default this Worker's own."""
         self.settings = settings
         self.large = large_requests(settings.batch_max_body_bytes, memory_mb)
         self.table = BatchTable(settings)
@@ -78,7 +80,8 @@ class Worker:
         chains = Chains(settings, self.table)
         self.gates = Gatekeeper(settings, self.table, catalog)
         self.waiting = WaitingRoom(settings, leases, chains)
-        self.claims = Claims(settings, self.table, leases, self.gates, self.waiting, chains, writes)
+        self.blocks = blocks if blocks is not None else SlotBlocks(settings)
+        self.claims = Claims(settings, self.table, leases, self.blocks, self.gates, self.waiting, chains, writes)
         self.settler = Settler(settings, self.table, leases, catalog, self.gates, self.waiting, chains, writes,
                                crash=self._maybe_crash)
 

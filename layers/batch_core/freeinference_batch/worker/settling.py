@@ -21,7 +21,7 @@ from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
-from freeinference_batch.store.leases import Leases
+from freeinference_batch.store.leases import Leases, SlotBlock, account_slots_key, model_slots_key, slots_held
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, remaining
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
@@ -132,8 +132,8 @@ class Settler:
         the same run of the chain: a write of each request alone, and now and then a flush of what
         the run settled (store/runs.py). Answers the next claim, Done when this run lost its claim,
         or Leave when the chain must leave the invocation (and settle plainly)."""
-        message, meta, token, holder, tally = (claimed.message, claimed.meta, claimed.token, claimed.holder,
-                                               claimed.tally)
+        message, meta, token, run, block, tally = (claimed.message, claimed.meta, claimed.token, claimed.run,
+                                                   claimed.block, claimed.tally)
         cost = int(settled.get("cost_nano", 0))
         gates = self.gates.read(following, now, reuse_owner=True)
         verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost)
@@ -141,22 +141,19 @@ class Settler:
             return Leave()  # the next request's own message will meet the gate and act on it
         fresh_meta = gates.meta
         slots = slots_as_read(message, gates, verdict)
-        # The slots are not written here: the chain keeps its hold, checked against this read (a
-        # capacity that shrank since is seen at the next hand-over), and renewed only once less than
-        # a run's lease of it is left. So a chain writes its slots items about once per
-        # `lease_seconds`, not once per request: they are the hottest items of the table.
+        # The slots are not written here: the chain keeps its slot in the invocation's block,
+        # checked against this read (a capacity that shrank since is seen at the next hand-over),
+        # and the block's entry is renewed only once less than a run's lease of it is left, by
+        # whichever of its chains comes first (a deployed block lasts its whole invocation, and
+        # is never renewed). So the slots items, the hottest of the table, are written when a
+        # chain starts or leaves, not once per request.
         renewals = []
         for slots_key, item, capacity in slots:
-            leases = (item or {}).get("leases", {})
-            if len(leases) > capacity:
-                return Leave()  # the capacity shrank: release and queue up again
-            # A lease missing from this read (eventually consistent, gates.py) was reaped, or the
-            # read is older than our claim: the renewal's condition tells which (a reaped lease
-            # fails it, and the chain is given up).
-            if holder not in leases or float(leases[holder]) - now < self.settings.lease_seconds:
-                renewals.append(self.leases.renew_element(slots_key, holder, capacity,
-                                                          now + self.settings.slot_lease_seconds))
-        if self._should_yield(message.batch_id, holder, remaining(fresh_meta) - 1, slots, now):
+            if slots_held(item) > capacity:
+                return Leave()  # the capacity shrank: give the slot back and queue up again
+            if block.renewal_due(slots_key, now, self.settings.lease_seconds):
+                renewals.append((slots_key, capacity))
+        if self._should_yield(message.batch_id, block, run, remaining(fresh_meta) - 1, slots, now):
             metric("SlotsYielded")
             return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
 
@@ -171,7 +168,7 @@ class Settler:
         # nothing claimed behind.
         if tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
-                transact(self.writes.flush(message.batch_id, meta.account_id, tally, holder, now,
+                transact(self.writes.flush(message.batch_id, meta.account_id, tally, run, now,
                                            now + self.settings.batch_dispatch_lease_seconds))
                 tally = claimed.tally = tally.counted(now)
             except TransactionConflict:
@@ -183,25 +180,26 @@ class Settler:
                                                                 "position": message.position})
                 return Done()
         # Renewals are plain writes, as the slots are taken (claims.py), not part of the count.
-        if renewals and not all(apply_update(renewal) for renewal in renewals):
-            # A slot's renewal failed (the capacity shrank below its holders since the read, or
-            # the lease was reaped): give the chain up, its next request by a message.
+        if not all(self.leases.renew(slots_key, block, capacity, now, self.settings.lease_seconds)
+                   for slots_key, capacity in renewals):
+            # A block's renewal failed (the capacity shrank below what is held since the read, or
+            # the block was reaped): give the chain up, its next request by a message.
             self._give_up(claimed, following, now)
             return Done()
         next_token = uuid.uuid4().hex
-        if not self._claim_next(following, next_token, holder, now, fresh_meta.ttl):
+        if not self._claim_next(following, next_token, run, now, fresh_meta.ttl):
             # Claimed by another run (the sweep took this one for dead and sent the chain's message
             # again, or fenced it off): give the chain up, counting what this run settled.
             self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds)
             return Done()
         metric("RequestsHandedOver")
-        return Claimed(following, fresh_meta, next_token, holder, has_record=False, tally=tally,
+        return Claimed(following, fresh_meta, next_token, run, block, has_record=False, tally=tally,
                        capacity=verdict.capacity, backoff=gates.backoff)
 
-    def _claim_next(self, following: RequestMessage, token: str, holder: str, now: float, ttl: int) -> bool:
+    def _claim_next(self, following: RequestMessage, token: str, run: str, now: float, ttl: int) -> bool:
         """Claim the chain's next request alone. A claim whose answer was lost and which botocore
         sent again fails its condition the second time: it is ours if it holds our token."""
-        if apply_update(self.writes.claim(following, token, holder, now + self.settings.lease_seconds, ttl)):
+        if apply_update(self.writes.claim(following, token, run, now + self.settings.lease_seconds, ttl)):
             return True
         state = self.table.get_request(following.batch_id, following.position) or {}
         return state.get("claim") == token
@@ -213,7 +211,7 @@ class Settler:
             self.waiting.wake_waiters(claimed.message, claimed.meta.account_id, now)
             self.chains.continue_chain(claimed.message, following, now)
 
-    def _should_yield(self, batch_id: str, holder: str, remaining: int,
+    def _should_yield(self, batch_id: str, block: SlotBlock, run: str, remaining: int,
                       slots: list[tuple[dict, dict | None, int]], now: float) -> bool:
         """Batches take turns: give this slot up when another batch waits for it and this batch
         holds more than its fair share (see fairness.py `fair_shares`)."""
@@ -221,7 +219,7 @@ class Settler:
             if not any(w.batch_id != batch_id for w in live_waiters(item, now)):
                 continue
             share = fair_shares(item, capacity, batch_id, remaining, now).get(batch_id, 0)
-            if not keeps_slot(item, holder, share):
+            if not keeps_slot(item, block.holder, block.rank(run), share):
                 return True
         return False
 
@@ -234,9 +232,9 @@ class Settler:
 
         The slots are released by plain writes, not in the transaction, for the reason they are
         taken that way (claims.py): a run that dies between the two leaves leases that expire."""
-        message, meta, holder = claimed.message, claimed.meta, claimed.holder
+        message, meta, run = claimed.message, claimed.meta, claimed.run
         elements = [*([settle] if settle else []),
-                    *self.writes.flush(message.batch_id, meta.account_id, claimed.tally, holder, now, lease_until,
+                    *self.writes.flush(message.batch_id, meta.account_id, claimed.tally, run, now, lease_until,
                                        stop=True)]
         try:
             transact(elements)
@@ -244,7 +242,8 @@ class Settler:
         except TransactionFailed:
             logger.warning("settle lost its claim", extra={"batch_id": message.batch_id, "position": message.position})
             counted = False
-        self.leases.release_held(message.model, meta.account_id, holder)
+        self.leases.give_all([model_slots_key(message.model), account_slots_key(meta.account_id)], claimed.block,
+                             run)
         if not counted:
             # The callers wake waiters only after a leave that counted: these slots are free too.
             self.waiting.wake_waiters(message, meta.account_id, now)

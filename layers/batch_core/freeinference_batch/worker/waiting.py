@@ -15,7 +15,7 @@ from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import batch_get
-from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key, slots_held
 from freeinference_batch.worker.chains import Chains, remaining, waiter_id, waiting_since
 from freeinference_batch.worker.outcomes import Parked, metric
 
@@ -56,7 +56,7 @@ class WaitingRoom:
         # waiter to wake: look once more, or this chain would sleep its whole park with a slot free.
         # Withdraw the registration first: a wake through this delivery's receipt handle, once the
         # message is received again, would make it visible while that delivery runs it.
-        if len(registered.get("leases", {})) < capacity:
+        if slots_held(registered) < capacity:
             self.leases.take_waiter(slots_key, waiter)
             return Parked(0)
         return Parked(seconds)
