@@ -102,9 +102,13 @@ class Timings:
         return sum(seconds for seconds, _ in self.chain_runs) / max(1, self.requests_run)
 
 
-# Item attributes that grow with the requests in flight: the slots items' `leases` maps (one entry
-# per running request). A lane's chains have an item each (`head`, `lease`), whatever its width.
+# Item attributes that grow with the requests in flight: the slots items' `leases` maps (an entry
+# per block of slots, `held` slots in all). A lane's chains have an item each (`head`, `lease`),
+# whatever its width.
 GROWING = ("leases",)
+# The slots an item's growing collection holds in all (the slots items' counter): with it, the
+# entries at N in flight are N divided by the slots per entry measured over the run's writes.
+HELD = "held"
 
 
 def item_kind(pk: str, sk: str) -> str:
@@ -128,6 +132,7 @@ class Image:
     size: int
     index_keys: dict[str, str]  # attribute -> value (repr), for the GSI key attributes it has
     collections: dict[str, tuple[int, int]]  # GROWING attribute -> (entries, bytes)
+    held: int = 0  # the item's HELD counter, if it has one
 
 
 @dataclass
@@ -142,10 +147,23 @@ class ItemWrites:
     size: int = 0  # the size of the image with the fullest growing collections (the latest of those)
     max_size: int = 0
     collections: dict[str, tuple[int, int]] = field(default_factory=dict)  # in that image
+    # Over every write's image that held slots: the entries and the slots they held, summed.
+    entries_seen: int = 0
+    held_seen: int = 0
 
-    def projected_size(self, entries: int) -> int:
-        """The item's size with each growing collection at `entries` entries, from its bytes per entry."""
+    def slots_per_entry(self) -> float:
+        """Slots an entry held, on average over the run's writes (1 for an item without a counter:
+        one entry per request in flight)."""
+        return self.held_seen / self.entries_seen if self.entries_seen else 1.0
+
+    def projected_entries(self, in_flight: int) -> int:
+        return max(1, math.ceil(in_flight / self.slots_per_entry()))
+
+    def projected_size(self, in_flight: int) -> int:
+        """The item's size with each growing collection holding `in_flight` requests, from its bytes
+        per entry and the slots per entry measured in the run."""
         size = self.size
+        entries = self.projected_entries(in_flight)
         for count, nbytes in self.collections.values():
             if count:
                 size += round(nbytes / count * entries) - nbytes
@@ -440,7 +458,8 @@ class AwsCalls:
                           for name in index.keys if name in item.attrs}
             collections = {name: (len(item.attrs[name].value), item.attrs[name].size()) for name in GROWING
                            if name in item.attrs and isinstance(item.attrs[name].value, dict | list)}
-            return Image(self._size(item), index_keys, collections)
+            held = int(float(item.attrs[HELD].value)) if HELD in item.attrs else 0
+            return Image(self._size(item), index_keys, collections, held)
 
     def _key_dict(self, table_name: str, pk: str, sk: str) -> dict:
         table = self._dynamo_backend().get_table(table_name)
@@ -521,6 +540,9 @@ class AwsCalls:
             if latest is not None:
                 # Keep the image with the fullest collections: per-entry sizes need entries.
                 entries = sum(n for n, _ in latest.collections.values())
+                if latest.held and entries:
+                    record.entries_seen += entries
+                    record.held_seen += latest.held
                 if entries >= sum(n for n, _ in record.collections.values()):
                     record.size, record.collections = latest.size, latest.collections
                 record.max_size = max(record.max_size, size)

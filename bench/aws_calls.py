@@ -325,10 +325,21 @@ def main() -> None:
                    for (t, pk, sk), record, projected, wcu in hot[:8]],
                   ("item (table pk / sk)", "kind", "writes x2 in tx, per req", "bytes (run)",
                    "growing part (run)", f"bytes at {args.hot_in_flight}", "WCU/s", f"<= {limit:.0f}")))
-    by_partition: dict[tuple[str, str], float] = {}
-    for (t, pk, _), _, _, wcu in hot:
-        by_partition[(t, pk)] = by_partition.get((t, pk), 0.0) + wcu
-    busiest_key, busiest_key_wcu = max(by_partition.items(), key=lambda item: item[1])
+    busiest_key, busiest_key_wcu = busiest_partition(hot)
+    # Two models at that many each, one account: what the account's items take at twice the load.
+    two_models = 2 * args.hot_in_flight
+    hot_two = hot_items(items, succeeded, two_models, args.model_latency, models=2)
+    two_key, two_key_wcu = busiest_partition(hot_two)
+    print(f"at {two_models} in flight (two models at {args.hot_in_flight}, one account): busiest item "
+          f"{table_short(hot_two[0][0][0])} {hot_two[0][0][1]} / {hot_two[0][0][2]} {hot_two[0][3]:,.0f} WCU/s, "
+          f"busiest partition key {table_short(two_key[0])} {two_key[1]} {two_key_wcu:,.0f} WCU/s")
+    slots_entries = [(f"{table_short(t)} {pk} / {sk}", f"{record.slots_per_entry():.1f}",
+                      record.projected_entries(args.hot_in_flight), record.projected_entries(two_models))
+                     for (t, pk, sk), record in items.items() if record.entries_seen]
+    print("slots per entry of the slots items, measured over the run's writes (a block of an invocation "
+          "holds several), and the entries that makes:")
+    print(c.table(slots_entries, ("item", "slots per entry", f"entries at {args.hot_in_flight}",
+                                  f"at {two_models} (account's: both models)")))
     # The same writes and reads with the items at their projected sizes: what a request would cost.
     wru_at = sum(record.weight * _ceil_kb(projected) + record.gsi_wru
                  for _, record, projected, _ in hot) / succeeded
@@ -377,6 +388,10 @@ def main() -> None:
          f"<= {limit:.0f}  {c.verdict(busiest_item[3] <= limit)}"),
         (f"busiest partition key at {args.hot_in_flight} in flight", f"{busiest_key_wcu:,.0f} WCU/s",
          f"<= {limit:.0f}  {c.verdict(busiest_key_wcu <= limit)}"),
+        (f"busiest item at {two_models} in flight (2 models, 1 account): {hot_two[0][1].kind}",
+         f"{hot_two[0][3]:,.0f} WCU/s", f"<= {limit:.0f}  {c.verdict(hot_two[0][3] <= limit)}"),
+        (f"busiest partition key at {two_models} in flight (2 models, 1 account)", f"{two_key_wcu:,.0f} WCU/s",
+         f"<= {limit:.0f}  {c.verdict(two_key_wcu <= limit)}"),
         (f"DynamoDB WRU / RRU per request at {args.hot_in_flight} in flight (projected sizes)",
          f"{wru_at:.1f} / {rru_at:.1f}", f"${dynamo_at * 1e6:,.2f} / 1M"),
         (f"worker invocations for {args.hot_in_flight} in flight (template cap)",
@@ -395,8 +410,11 @@ def collections_note(record: ItemWrites) -> str:
 
 
 def hot_items(items: dict[tuple[str, str, str], ItemWrites], succeeded: int, in_flight: int,
-              latency: float) -> list[tuple[tuple[str, str, str], ItemWrites, int, float]]:
-    """Per item, busiest first: (key, writes, projected size, WCU/s) at `in_flight` requests in flight.
+              latency: float, models: int = 1) -> list[tuple[tuple[str, str, str], ItemWrites, int, float]]:
+    """Per item, busiest first: (key, writes, projected size, WCU/s) at `in_flight` requests in flight,
+    spread evenly over `models` models like this run's one: a model's own items (`MODEL#...`) take
+    their model's share, the account's and the batch's items all of it (one account, and one
+    batch as in this run: the most any one batch item could take).
 
     Writes per request as measured (transactional ones twice); each write's units from the item's
     size with its growing collections (slot leases) at `in_flight` entries, i.e. one batch whose
@@ -405,13 +423,20 @@ def hot_items(items: dict[tuple[str, str, str], ItemWrites], succeeded: int, in_
     is an upper bound (at a lane `in_flight` wide each would take 1/`in_flight`), while its
     partition's sum over the chains is what the lane takes at any width. GSI writes go to the
     indexes' own partitions and are left out."""
-    rate = in_flight / latency
     out = []
     for target, record in items.items():
-        projected = record.projected_size(in_flight)
-        wcu = record.weight / succeeded * rate * _ceil_kb(projected)
+        here = in_flight // models if target[1].startswith("MODEL#") else in_flight
+        projected = record.projected_size(here)
+        wcu = record.weight / succeeded * here / latency * _ceil_kb(projected)
         out.append((target, record, projected, wcu))
     return sorted(out, key=lambda row: -row[3])
+
+
+def busiest_partition(hot: list[tuple[tuple[str, str, str], ItemWrites, int, float]]) -> tuple[tuple[str, str], float]:
+    by_partition: dict[tuple[str, str], float] = {}
+    for (t, pk, _), _, _, wcu in hot:
+        by_partition[(t, pk)] = by_partition.get((t, pk), 0.0) + wcu
+    return max(by_partition.items(), key=lambda item: item[1])
 
 
 def _ceil_kb(size: int) -> int:
