@@ -246,44 +246,18 @@ class _DropMetricLines(io.TextIOBase):
 
 
 def write_catalog(directory: Path | str, concurrency: int, models: list[str] | None = None) -> Path:
-    """The packaged catalog with `batch_concurrency` set to `concurrency` (for `models`, default
-    all), written to `directory`/catalog.json: pass it as MODEL_CATALOG_PATH to the stack."""
-    catalog = json.loads((REPO / "layers" / "batch_core" / "freeinference_batch" / "models.json").read_text())
-    for name, model in catalog["models"].items():
-        if models is None or name in models:
-            model["batch_concurrency"] = concurrency
-    path = Path(directory) / "catalog.json"
-    path.write_text(json.dumps(catalog, indent=2))
-    return path
+    """The packaged catalog with `batch_concurrency` set to `concurrency` (see
+    freeinference_batch_local.sizing)."""
+    from freeinference_batch_local.sizing import write_catalog as write
+
+    return write(REPO, directory, concurrency, models)
 
 
 def write_sized_template(directory: Path | str, concurrency: int, model: str = MODEL) -> Path:
-    """template.yaml with `model`'s block sized as the README's "Sizing a model" says for a
-    `batch_concurrency` of `concurrency` (the catalog's rules: WorkerConcurrency, WorkerBatchSize,
-    WorkerBatchingWindowSeconds), written to `directory`/template.yaml: pass it to the stack with
-    the catalog `write_catalog` writes, so the run is deployed as an operator would deploy it."""
-    from freeinference_batch.catalog import ModelInfo
+    """template.yaml with `model`'s block sized for `concurrency` (see freeinference_batch_local.sizing)."""
+    from freeinference_batch_local.sizing import write_sized_template as write
 
-    info = ModelInfo(input_usd_per_million_tokens=0, output_usd_per_million_tokens=0, tiers=[],
-                     batch_concurrency=concurrency)
-    sizes = {"WorkerConcurrency": info.worker_concurrency, "WorkerBatchSize": info.worker_batch_size,
-             "WorkerBatchingWindowSeconds": info.worker_batching_window_seconds}
-    text = (REPO / "template.yaml").read_text()
-    # A block is the lines from its logical id to the next resource; its parameters are literal.
-    blocks = re.split(r"(?m)^(?=  [A-Za-z0-9]+:\n)", text)
-    found = [i for i, block in enumerate(blocks) if re.search(rf"(?m)^ +ModelId: {re.escape(model)}$", block)]
-    if len(found) != 1:
-        raise ValueError(f"template.yaml has {len(found)} blocks for {model}")
-    block = blocks[found[0]]
-    for name, value in sizes.items():
-        block, count = re.subn(rf"(?m)^( +{name}: )\S+$", rf"\g<1>{value}", block)
-        if count != 1:
-            raise ValueError(f"the block of {model} passes {count} {name}")
-    blocks[found[0]] = block
-    sized = "".join(blocks).replace("Location: model/template.yaml", f"Location: {REPO / 'model' / 'template.yaml'}")
-    path = Path(directory) / "template.yaml"
-    path.write_text(sized)
-    return path
+    return write(REPO, directory, concurrency, model)
 
 
 def template_poller_cap(function: str = "GlmFlashModel/WorkerFunction",

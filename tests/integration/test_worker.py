@@ -73,7 +73,7 @@ def fill_slots(harness, slots_key: dict, holders: dict[str, float]) -> None:
     """Slots held by others, one each (the account's interactive requests, as the gateway takes
     them, or dead workers'), whatever the capacity."""
     leases = Leases(harness.settings)
-    leases.ensure_form(slots_key, None)  # creates the slots item
+    leases.ensure_item(slots_key, None)  # creates the slots item
     for holder, until in holders.items():
         assert leases.take_one(slots_key, holder, 10**6, until)
 

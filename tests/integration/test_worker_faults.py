@@ -18,7 +18,6 @@ from freeinference_batch import accounts, aws, clock, schedules
 from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.store import input_chunks
-from freeinference_batch.store.dynamo import values
 from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker, claims, runner
 from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
@@ -212,21 +211,6 @@ def test_a_give_back_that_fails_leaves_the_slot_with_its_block_without_raising(h
     monkeypatch.setattr(client, "update_item", real)
     leases.give_back_leftovers(blocks)
     assert block.holds(key) == 0 and leases.read(key)["held"] == 0 and leases.holders(key) == {}
-
-
-def test_an_item_of_the_old_form_gets_its_count_from_its_entries(harness):
-    # Given a slots item as it was before blocks: one entry per holder, no count
-    leases = Leases(harness.settings)
-    key = model_slots_key(MODEL)
-    now = time.time()
-    aws.dynamodb().put_item(TableName=harness.settings.accounts_table_name,
-                            Item={**key, "leases": values(leases={"old-0": now + 3600, "old-1": now - 1})[":leases"]})
-    # When a worker takes a slot there, Then the count starts from the entries (the expired one
-    # still counts until reaped), and the reaper takes the expired one off it
-    block = SlotBlock("mine.b", None, 3600)
-    assert leases.take(key, block, 4, now)
-    assert leases.read(key)["held"] == 3
-    assert leases.reap(key, now) == 2 and set(leases.holders(key)) == {"old-0", "mine.b"}
 
 
 def test_a_poisoned_record_fails_alone_in_its_invocation(harness, monkeypatch):

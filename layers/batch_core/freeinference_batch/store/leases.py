@@ -1,6 +1,8 @@
 """Concurrency slots as leases, kept in the accounts table beside what the interactive gateway
-writes: `MODEL#<id>/SLOTS` (the model's batch slots) and `ACCOUNT#<id>/SLOTS` (the account's
-concurrent-request slots, shared with its interactive traffic).
+writes: `MODEL#<id>/HELD_SLOTS` (the model's batch slots) and `ACCOUNT#<id>/HELD_SLOTS` (the
+account's concurrent-request slots, shared with its interactive traffic). Before blocks they were
+`.../SLOTS`, of another form: the new form is in new items, so that writers of the two forms
+never meet in one item during a deploy (docs/ARCHITECTURE.md, "Slots items", the migration).
 
 The item's form (docs/ARCHITECTURE.md, "Slots items", with the gateway's side and the migration):
 - `held`: how many slots are held, all entries together. Every write that adds or removes a slot
@@ -41,13 +43,16 @@ from freeinference_batch.observability import logger
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.dynamo import from_item, is_conditional_failure, key, values
 
+# The slots items' sort key (`SLOTS` held the form before blocks: one entry per slot, no count).
+SLOTS_SORT_KEY = "HELD_SLOTS"
+
 
 def model_slots_key(model: str) -> dict:
-    return key(f"MODEL#{model}", "SLOTS")
+    return key(f"MODEL#{model}", SLOTS_SORT_KEY)
 
 
 def account_slots_key(account_id: str) -> dict:
-    return key(f"ACCOUNT#{account_id}", "SLOTS")
+    return key(f"ACCOUNT#{account_id}", SLOTS_SORT_KEY)
 
 
 def model_load_key(model: str) -> dict:
@@ -118,12 +123,8 @@ def entry_aged(entry: object) -> int:
 
 
 def slots_held(item: dict | None) -> int:
-    """The slots the item says are held: its `held` counter (an item of the old form, which has
-    none, counts its entries: one slot each)."""
-    item = item or {}
-    if "held" in item:
-        return int(item["held"])
-    return sum(entry_slots(entry) for entry in item.get("leases", {}).values())
+    """The slots the item says are held (its `held` counter; none before its first write)."""
+    return int((item or {}).get("held", 0))
 
 
 def live_slots(item: dict | None, now: float) -> int:
@@ -279,7 +280,7 @@ class Leases:
                     if isinstance(written, dict) and int(written["n"]) == old + 1:
                         pass  # our own write, sent again by botocore after its answer was lost
                     elif item is None or "held" not in item:
-                        self.ensure_form(slots_key, item)  # an item of the old form, or none: then again
+                        self.ensure_item(slots_key, item)  # no item yet: make it, then again
                         continue
                     else:
                         if old and written is None:
@@ -363,20 +364,20 @@ class Leases:
         items"): an entry `holder -> expiry` and one more `held`. A re-send after a lost answer
         fails its condition and finds the entry its own."""
         until = lease_expiry(until)
-        try:
-            self._update(slots_key, "SET leases.#holder = :until, held = held + :one",
-                         "attribute_not_exists(leases.#holder) AND held < :capacity", {"#holder": holder},
-                         until=until, one=1, capacity=capacity)
-            return True
-        except ClientError as error:
-            if not is_conditional_failure(error):
-                raise
-        item = self.read(slots_key)
-        if item is None or "held" not in item:
-            item = self.ensure_form(slots_key, item)
-            if "held" in item:
-                return self.take_one(slots_key, holder, capacity, until)
-        return (item or {}).get("leases", {}).get(holder) == until
+        for _ in range(2):
+            try:
+                self._update(slots_key, "SET leases.#holder = :until, held = held + :one",
+                             "attribute_not_exists(leases.#holder) AND held < :capacity", {"#holder": holder},
+                             until=until, one=1, capacity=capacity)
+                return True
+            except ClientError as error:
+                if not is_conditional_failure(error):
+                    raise
+            item = self.read(slots_key)
+            if item is not None and "held" in item:
+                return item.get("leases", {}).get(holder) == until
+            self.ensure_item(slots_key, item)  # no item yet: make it, then again
+        return False
 
     def release_one(self, slots_key: dict, holder: str) -> None:
         """The gateway's release of its entry (a re-send finds it gone and changes nothing)."""
@@ -389,18 +390,13 @@ class Leases:
 
     # ---- the item's form, and expired entries
 
-    def ensure_form(self, slots_key: dict, item: dict | None) -> dict:
-        """Make sure the item exists with its `held` counter, and answer it. An item of the old
-        form (before blocks: entries of one slot each, no counter) gets `held` = its entries,
-        conditional on their number as read."""
+    def ensure_item(self, slots_key: dict, item: dict | None) -> dict:
+        """Make sure the item exists, with no entry and nothing held if it did not, and answer it."""
+        if item is not None and "held" in item:
+            return item
         try:
-            if item is None or "leases" not in item:
-                self._update(slots_key, "SET leases = :empty, held = :zero", "attribute_not_exists(leases)",
-                             empty={}, zero=0)
-            elif "held" not in item:
-                count = len(item["leases"])
-                self._update(slots_key, "SET held = :count", "attribute_not_exists(held) AND size(leases) = :count",
-                             count=count)
+            self._update(slots_key, "SET leases = if_not_exists(leases, :empty), held = if_not_exists(held, :zero)",
+                         "attribute_not_exists(held)", empty={}, zero=0)
         except ClientError as error:
             if not is_conditional_failure(error):
                 raise
@@ -411,7 +407,7 @@ class Leases:
         slots are still held (as read now: the item may have changed since the caller read it)."""
         item = self.read(slots_key)
         if item is None or "held" not in item:
-            item = self.ensure_form(slots_key, item)
+            item = self.ensure_item(slots_key, item)
         held = slots_held(item)
         for holder, entry in item.get("leases", {}).items():
             if entry_expiry(entry) > now:

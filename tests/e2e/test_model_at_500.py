@@ -1,0 +1,104 @@
+"""A model sized at 500 slots, the most one number per model allows (catalog.MAX_BATCH_CONCURRENCY),
+deployed as README "Sizing a model" says (its catalog entry and its template block), runs 500
+requests at once on the local stack, with its slots held in a few dozen blocks, not 500 entries.
+
+The stack runs in this process (`LocalStack`, its functions in execution environments as ever) on
+a copy of template.yaml sized for 500, and is driven over HTTP. Its slots items are read from its
+moto server directly, without the service's user agent, so the reads are never faulted.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import requests
+from freeinference_batch.catalog import ModelInfo
+from freeinference_batch.store.dynamo import from_item
+from freeinference_batch.store.leases import account_slots_key, model_slots_key, slots_held
+from freeinference_batch_local.sizing import write_catalog, write_sized_template
+from freeinference_batch_local.stack import LocalStack
+
+from tests.e2e.conftest import ADMIN_COMMAND, REPO, wait_for
+
+MODEL = "glm-5.3-flash"
+SLOTS = 500
+# Long enough that the first requests still run when the last of the 500 chains starts: the
+# stack starts the worker's execution environments and serves every chain's claim one moto call
+# at a time on this machine's two cores.
+LATENCY_SECONDS = 30
+
+
+def test_a_model_sized_at_500_runs_500_requests_at_once_in_a_few_dozen_blocks(tmp_path: Path) -> None:
+    # Given the model granted 500 batch slots, its worker sized for them, and an account allowed 1,000
+    catalog = write_catalog(REPO, tmp_path, SLOTS, [MODEL])
+    template = write_sized_template(REPO, tmp_path, SLOTS, MODEL)
+    sized = ModelInfo(input_usd_per_million_tokens=0, output_usd_per_million_tokens=0, tiers=[],
+                      batch_concurrency=SLOTS)
+    stack = LocalStack(port=0, template_path=template, state_dir=tmp_path,
+                       env={"MODEL_CATALOG_PATH": str(catalog), "BATCH_SCHEDULE_SECONDS": "5",
+                            "POWERTOOLS_METRICS_DISABLED": "true", "POWERTOOLS_LOG_LEVEL": "WARNING"})
+    with stack:
+        # (the worker's event source runs the sizes the catalog derives from 500)
+        poller = stack.pollers["GlmFlashModel/WorkerFunction"].stats()
+        assert (poller["batch_size"], poller["max_batching_window"], poller["max_concurrency"]) == (
+            sized.worker_batch_size, sized.worker_batching_window_seconds, sized.worker_concurrency), poller
+        subprocess.run([*ADMIN_COMMAND, "set-account", "dev", "--concurrency", str(2 * SLOTS)], cwd=tmp_path,
+                       check=True, capture_output=True, timeout=60)
+        table = stack.env["ACCOUNTS_TABLE_NAME"]
+        dynamodb = boto3.client("dynamodb", endpoint_url=stack.moto_endpoint, region_name="us-east-1",
+                                aws_access_key_id="test", aws_secret_access_key="test")
+
+        def slots(key: dict) -> dict:
+            return from_item(dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")) or {}
+
+        # When a batch of 500 requests of 30 s each runs
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {stack.dev_key}"
+        created = session.post(f"{stack.base_url}/batches", timeout=30, json={"requests": [
+            {"custom_id": f"r-{n}", "body": {"model": MODEL, "messages": [
+                {"role": "user", "content": f"[sim:latency={LATENCY_SECONDS}] request {n}"}]}}
+            for n in range(SLOTS)]})
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+        samples: list[tuple[int, int, int, int]] = []  # model's held and entries, account's held and entries
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                model_item, account_item = slots(model_slots_key(MODEL)), slots(account_slots_key("dev"))
+                samples.append((slots_held(model_item), len(model_item.get("leases", {})),
+                                slots_held(account_item), len(account_item.get("leases", {}))))
+                time.sleep(0.25)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            final = wait_for(lambda: (b := session.get(f"{stack.base_url}/batches/{batch_id}", timeout=30).json())
+                             ["status"] in ("completed", "failed", "expired", "cancelled") and b,
+                             timeout=300, interval=1.0, message="the batch to finish")
+        finally:
+            done.set()
+            sampler.join(10)
+
+        # Then every request completed once
+        assert final["status"] == "completed" and final["request_counts"] == {
+            "total": SLOTS, "completed": SLOTS, "failed": 0}, final
+        page = session.get(f"{stack.base_url}/batches/{batch_id}/results?limit=1000", timeout=30).json()
+        assert sorted(line["custom_id"] for line in page["data"]) == sorted(f"r-{n}" for n in range(SLOTS))
+        # And all 500 ran at once, never more than the model's slots, held by a few dozen blocks
+        # (about one per worker invocation: its SQS batch is 24 records), each counted in both items
+        peak = max(samples)
+        assert peak[0] == SLOTS, f"at most {peak[0]} held at once"
+        assert all(held <= SLOTS for held, _, _, _ in samples)
+        invocations = math.ceil(SLOTS / sized.worker_batch_size)
+        at_peak = [entries for held, entries, _, _ in samples if held == SLOTS]
+        assert max(at_peak) <= 2 * invocations, f"{max(at_peak)} entries for {SLOTS} slots"
+        assert max(held for _, _, held, _ in samples) == SLOTS
+        assert max(entries for _, _, _, entries in samples) <= 2 * invocations
+        # And once it is over, nothing is held
+        assert slots_held(slots(model_slots_key(MODEL))) == slots_held(slots(account_slots_key("dev"))) == 0
