@@ -21,8 +21,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from freeinference_batch import clock, upstream
 from freeinference_batch.observability import logger, metrics, tracer
 from freeinference_batch.settings import get_settings
-from freeinference_batch.store.leases import Leases, SlotBlocks
-from freeinference_batch.worker import Done, Worker
+from freeinference_batch.store.leases import Leases
+from freeinference_batch.worker import Done, InvocationState, Worker
 from freeinference_batch.worker.memory import RECORD_THREADS
 from freeinference_batch.worker.outcomes import publish_model_counts
 
@@ -51,13 +51,13 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
     # runtime's start took a few milliseconds: the most a call may run is sized from the timeout.
     invocation_seconds = float(math.ceil(left))
     settings = get_settings()
-    # The invocation's hold on slots: one block per batch, shared by its records' chains, which
-    # can last no longer than the invocation (store/leases.py).
-    blocks = SlotBlocks(settings, ends_at=clock.now(settings.clock_offset_file) + left)
+    # What its records' chains share: the holds on slots (a block per batch, which lasts no
+    # longer than the invocation) and the owners' items they reuse.
+    invocation = InvocationState.new(settings, ends_at=clock.now(settings.clock_offset_file) + left)
     with ThreadPoolExecutor(max_workers=max(1, min(RECORD_THREADS, len(event.get("Records", []))))) as executor:
 
         async def handle_record(record: SQSRecord) -> None:
-            worker = Worker(settings, memory_mb=context.memory_limit_in_mb, blocks=blocks)
+            worker = Worker(settings, memory_mb=context.memory_limit_in_mb, invocation=invocation)
             outcome = await asyncio.get_running_loop().run_in_executor(
                 executor, worker.handle_record, record.raw_event, deadline, invocation_seconds)
             if not isinstance(outcome, Done):
@@ -69,5 +69,5 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
         finally:
             publish_model_counts()
     # No chain runs any more: a slot whose give-back failed goes back now, not at its block's expiry.
-    Leases(settings).give_back_leftovers(blocks)
+    Leases(settings).give_back_leftovers(invocation.blocks)
     return answer

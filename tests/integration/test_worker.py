@@ -18,7 +18,7 @@ from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, entry_expiry, model_slots_key
-from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, Parked, Worker
+from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, InvocationState, Parked, Worker, gates
 from freeinference_batch_local.upstream_sim import prompt_tokens, reply_for
 
 from tests.integration.conftest import sample_request
@@ -378,6 +378,43 @@ def test_a_chain_runs_on_in_one_invocation_and_each_request_counts_once(harness,
     assert final["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
     assert all(attempts(sim, batch["id"], n) == 1 for n in range(8))
     assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == sum(map(one_cost, contents))
+
+
+def test_the_chains_of_one_invocation_share_one_block_and_one_read_of_their_owner(harness, upstream, monkeypatch):
+    # Given two chains of one batch in one worker invocation
+    batch = harness.create([sample_request(f"q-{n}", f"Shared {n}") for n in range(8)])
+    invocation = InvocationState.new(harness.settings)
+    real_call = upstream_client.call
+    seen: list[dict] = []
+
+    def call_and_look(*args, **kwargs):
+        seen.append(Leases(harness.settings).holders(model_slots_key(MODEL)))
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_client, "call", call_and_look)
+    # When both run on to their chain's end
+    for chain in (0, 1):
+        assert isinstance(Worker(harness.settings, invocation=invocation).process(
+            message_for(harness, batch["id"], chain), NO_RECORD, deadline=time.monotonic() + TIME_LEFT), Done)
+    # Then their slots were one entry of the model's item, held by the invocation's block
+    assert len(seen) == 4 and all(len(holders) == 1 for holders in seen)
+    assert len({next(iter(holders)) for holders in seen}) == 1
+    assert harness.batch(batch["id"])["request_counts"]["completed"] == 4
+    # And a chain running on reuses the owner's items another chain of the invocation read
+    read: list[set[str]] = []
+    real_batch_get = gates.batch_get
+
+    def recording_batch_get(request: dict) -> dict:
+        read.append({f"{k['pk']['S']}/{k['sk']['S']}" for keys in request.values() for k in keys["Keys"]})
+        return real_batch_get(request)
+
+    monkeypatch.setattr(gates, "batch_get", recording_batch_get)
+    second = InvocationState.new(harness.settings)
+    for chain in (2, 3):
+        Worker(harness.settings, invocation=second).gates.read(message_for(harness, batch["id"], chain), now(harness),
+                                                                reuse_owner=True)
+    owner = {f"ACCOUNT#{ACCOUNT}/ACCOUNT", f"MODEL#{MODEL}/BACKOFF"}
+    assert owner <= read[0] and not owner & read[1], read
 
 
 def test_a_chain_keeps_its_slots_across_hand_overs_and_renews_them_only_when_they_run_low(

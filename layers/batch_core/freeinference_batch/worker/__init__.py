@@ -3,6 +3,7 @@
 from freeinference_batch.worker.claims import ACCESS_WAIT_SECONDS
 from freeinference_batch.worker.faults import SimulatedCrash
 from freeinference_batch.worker.outcomes import Done, Parked
-from freeinference_batch.worker.runner import FRESH_COPY_AFTER_RECEIVES, Worker
+from freeinference_batch.worker.runner import FRESH_COPY_AFTER_RECEIVES, InvocationState, Worker
 
-__all__ = ["ACCESS_WAIT_SECONDS", "FRESH_COPY_AFTER_RECEIVES", "Done", "Parked", "SimulatedCrash", "Worker"]
+__all__ = ["ACCESS_WAIT_SECONDS", "FRESH_COPY_AFTER_RECEIVES", "Done", "InvocationState", "Parked", "SimulatedCrash",
+           "Worker"]

@@ -3,7 +3,7 @@ key, account and day's usage, the model's interactive load, its backoff and both
 
 from __future__ import annotations
 
-import math
+import threading
 from dataclasses import dataclass
 
 from freeinference_batch import accounts, clock, lifecycle, model_backoff
@@ -58,21 +58,43 @@ def slots_as_read(message: RequestMessage, gates: Gates, verdict: Verdict) -> li
 OWNER_REUSE_SECONDS = 5.0
 
 
-class Gatekeeper:
-    """Reads and judges a chain's gates. One per chain run (a Worker per record), so what it
-    keeps between reads is that chain's own."""
+class OwnerReads:
+    """The owners' and the models' items as read, for chains running on to reuse for up to
+    OWNER_REUSE_SECONDS: one per worker invocation, shared by its chains, so the chains of one
+    batch (up to 24 in an invocation) read their owner's items once per OWNER_REUSE_SECONDS
+    between them, not each."""
 
-    def __init__(self, settings: Settings, table: BatchTable, catalog: Catalog) -> None:
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str], tuple[float, dict | None]] = {}
+        self._lock = threading.Lock()
+
+    def reusable(self, names: list[tuple[str, str]], now: float) -> list[dict | None] | None:
+        """The items by name if each was read less than OWNER_REUSE_SECONDS ago, else None."""
+        with self._lock:
+            found = [self._items.get(name) for name in names]
+        if any(kept is None or now - kept[0] >= OWNER_REUSE_SECONDS for kept in found):
+            return None
+        return [kept[1] for kept in found if kept is not None]
+
+    def keep(self, items: dict[tuple[str, str], dict | None], now: float) -> None:
+        with self._lock:
+            self._items.update({name: (now, item) for name, item in items.items()})
+
+
+class Gatekeeper:
+    """Reads and judges a chain's gates. One per chain run (a Worker per record); what it reuses
+    between reads is its invocation's (`OwnerReads`)."""
+
+    def __init__(self, settings: Settings, table: BatchTable, catalog: Catalog, owners: OwnerReads) -> None:
         self.settings = settings
         self.table = table
         self.catalog = catalog
-        self._kept: dict[tuple[str, str], dict | None] = {}
-        self._kept_at = -math.inf
+        self.owners = owners
 
     def read(self, message: RequestMessage, now: float, *, reuse_owner: bool = False) -> Gates:
         """All the gates, in one BatchGetItem. `reuse_owner` (a chain running on): the owner's and
-        the model's items as read up to OWNER_REUSE_SECONDS ago, if they were (then only the
-        batch, the model's load and the slots are read), and the accounts table's items read
+        the model's items as its invocation read them up to OWNER_REUSE_SECONDS ago, if it did
+        (then only the batch, the model's load and the slots are read), and the accounts table's items read
         eventually consistent, at half the read units: the slots items are 31 KB at 500 holders
         and every hand-over reads both. What a running chain checks there tolerates a read a
         moment old (it holds its slots; a lowered cap, a reaped lease or a new waiter is acted on
@@ -85,19 +107,19 @@ class Gatekeeper:
         fresh_keys = [model_slots_key(message.model), account_slots_key(account_id),
                       accounts_table.load_item_key(message.model)]
         names = [(k["pk"]["S"], k["sk"]["S"]) for k in owner_keys]
-        reuse = reuse_owner and now - self._kept_at < OWNER_REUSE_SECONDS and all(n in self._kept for n in names)
-        accounts_keys = fresh_keys if reuse else [*fresh_keys, *owner_keys]
+        kept = self.owners.reusable(names, now) if reuse_owner else None
+        accounts_keys = fresh_keys if kept is not None else [*fresh_keys, *owner_keys]
         found = batch_get({
             self.table.name: {"Keys": [meta_key(message.batch_id)], "ConsistentRead": True},
             self.settings.accounts_table_name: {"Keys": accounts_keys, "ConsistentRead": not reuse_owner},
         })
         meta = record_of(found[self.table.name][0] if found[self.table.name] else None)
         by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
-        if not reuse:
-            self._kept = {name: by_key.get(name) for name in names}
-            self._kept_at = now
+        if kept is None:
+            kept = [by_key.get(name) for name in names]
+            self.owners.keep(dict(zip(names, kept, strict=True)), now)
         model_slots, account_slots, load = (by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in fresh_keys)
-        key_item, account, usage, backoff = (self._kept[name] for name in names)
+        key_item, account, usage, backoff = kept
         if meta is not None and (meta.account_id != account_id or meta.key_hash != key_hash):
             # Messages are ours, but never trust one over the batch it names.
             logger.error("message owner does not match its batch", extra={"batch_id": message.batch_id})

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -53,7 +54,7 @@ from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, waiting_since
 from freeinference_batch.worker.claims import Claims
 from freeinference_batch.worker.faults import maybe_crash
-from freeinference_batch.worker.gates import Gatekeeper
+from freeinference_batch.worker.gates import Gatekeeper, OwnerReads
 from freeinference_batch.worker.memory import FUNCTION_MEMORY_MB, large_requests
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
 from freeinference_batch.worker.settling import Settler
@@ -65,12 +66,26 @@ LEAST_CALL_SECONDS = 1.0
 FRESH_COPY_AFTER_RECEIVES = 500
 
 
+@dataclass
+class InvocationState:
+    """What the Workers of one invocation's records share: its holds on slots, one block per batch
+    (store/leases.py), and the owners' items its chains may reuse (gates.py)."""
+
+    blocks: SlotBlocks
+    owners: OwnerReads
+
+    @classmethod
+    def new(cls, settings: Settings, ends_at: float | None = None) -> InvocationState:
+        """`ends_at`: when the invocation ends, by the service's clock (None: no deadline)."""
+        return cls(SlotBlocks(settings, ends_at), OwnerReads())
+
+
 class Worker:
     def __init__(self, settings: Settings, memory_mb: int = FUNCTION_MEMORY_MB,
-                 blocks: SlotBlocks | None = None) -> None:
+                 invocation: InvocationState | None = None) -> None:
         """`memory_mb`: the function's memory (its Lambda context's), which sizes how many large
-        requests it holds at once (worker/memory.py). `blocks`: the invocation's holds on slots,
-        shared by the Workers of its records (store/leases.py); by default this Worker's own."""
+        requests it holds at once (worker/memory.py). `invocation`: what the invocation's Workers
+        share; by default this Worker's own."""
         self.settings = settings
         self.large = large_requests(settings.batch_max_body_bytes, memory_mb)
         self.table = BatchTable(settings)
@@ -78,10 +93,10 @@ class Worker:
         catalog = load_catalog(settings.model_catalog_path)
         writes = RunWrites(settings, self.table)
         chains = Chains(settings, self.table)
-        self.gates = Gatekeeper(settings, self.table, catalog)
+        shared = invocation if invocation is not None else InvocationState.new(settings)
+        self.gates = Gatekeeper(settings, self.table, catalog, shared.owners)
         self.waiting = WaitingRoom(settings, leases, chains)
-        self.blocks = blocks if blocks is not None else SlotBlocks(settings)
-        self.claims = Claims(settings, self.table, leases, self.blocks, self.gates, self.waiting, chains, writes)
+        self.claims = Claims(settings, self.table, leases, shared.blocks, self.gates, self.waiting, chains, writes)
         self.settler = Settler(settings, self.table, leases, catalog, self.gates, self.waiting, chains, writes,
                                crash=self._maybe_crash)
 
