@@ -68,6 +68,8 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
                                                     context=context)
         finally:
             publish_model_counts()
-    # No chain runs any more: a slot whose give-back failed goes back now, not at its block's expiry.
+    # Every record's chain has returned (the executor waited for them): a slot whose give-back
+    # failed goes back now, not at its block's expiry. Only after an answer: should the handler
+    # fail, a chain may still run, and its block's entries expire as a killed invocation's do.
     Leases(settings).give_back_leftovers(invocation.blocks)
     return answer

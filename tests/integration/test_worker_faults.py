@@ -19,7 +19,7 @@ from freeinference_batch import upstream as upstream_client
 from freeinference_batch.catalog import load_catalog
 from freeinference_batch.store import input_chunks
 from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, account_slots_key, model_slots_key
-from freeinference_batch.worker import Done, Parked, Worker, claims, runner
+from freeinference_batch.worker import Done, InvocationState, Parked, Worker, claims, runner
 from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
 
 from tests.integration.conftest import StubUpstream, sample_request
@@ -211,6 +211,70 @@ def test_a_give_back_that_fails_leaves_the_slot_with_its_block_without_raising(h
     monkeypatch.setattr(client, "update_item", real)
     leases.give_back_leftovers(blocks)
     assert block.holds(key) == 0 and leases.read(key)["held"] == 0 and leases.holders(key) == {}
+
+
+def test_a_give_back_applied_whose_answer_failed_is_read_before_the_next_write(harness, monkeypatch):
+    # Given a block holding three slots of the model's item
+    leases = Leases(harness.settings)
+    key = model_slots_key(MODEL)
+    block = SlotBlock("mine.b", None, 3600)
+    for _ in range(3):
+        assert leases.take(key, block, 8, time.time())
+    client = aws.dynamodb()
+    real = client.update_item
+
+    def applied_then_failed(**kwargs):
+        real(**kwargs)  # applied, and then every re-send of it failed: its outcome is unknown
+        raise ClientError({"Error": {"Code": "InternalServerError", "Message": "try again"}}, "UpdateItem")
+
+    # When a give-back is applied but answers an error, and the next is plain
+    monkeypatch.setattr(client, "update_item", applied_then_failed)
+    leases.give(key, block)
+    monkeypatch.setattr(client, "update_item", real)
+    leases.give(key, block)
+    # Then each gave back one slot: the item counts one, as the block does, and a take adds one
+    assert leases.read(key)["held"] == 1 and leases.holders(key)["mine.b"]["n"] == 1 and block.holds(key) == 1
+    assert leases.take(key, block, 8, time.time())
+    assert leases.read(key)["held"] == 2 and block.holds(key) == 2
+
+
+def test_a_block_reaped_under_its_chains_is_lost_and_they_give_up(harness, upstream):
+    # Given an invocation's block of a batch's slots, whose entries expired and were reaped while
+    # its chain ran (held past its expiry)
+    batch = harness.create([sample_request(f"q-{n}", f"Reaped {n}") for n in range(8)])
+    invocation = InvocationState.new(harness.settings)
+    worker = Worker(harness.settings, invocation=invocation)
+    claimed = worker.claims.claim(message_for(harness, batch["id"], 0), {}, clock.now(harness.clock_file))
+    leases = Leases(harness.settings)
+    harness.advance_clock(harness.settings.slot_lease_seconds + 1)
+    later = clock.now(harness.clock_file)
+    assert leases.reap(model_slots_key(MODEL), later) == leases.reap(account_slots_key(ACCOUNT), later) == 0
+    # When another chain of the invocation takes a slot of the same batch
+    assert not leases.take(model_slots_key(MODEL), claimed.block, 4, later)
+    # Then the old block is lost (its chains hold nothing and leave at their next hand-over),
+    # and the batch's next claims take a new block, counted from nothing
+    assert claimed.block.lost
+    fresh = invocation.blocks.for_batch(batch["id"])
+    assert fresh is not claimed.block and fresh.holder != claimed.block.holder
+    assert leases.take(model_slots_key(MODEL), fresh, 4, later)
+    assert leases.read(model_slots_key(MODEL))["held"] == 1
+
+
+def test_a_run_that_fails_after_its_claim_gives_its_slots_back(harness, monkeypatch):
+    # Given a request whose run blows up between its claim and its settle
+    batch = harness.create([sample_request("poison", "Poisonous")])
+
+    def failing_call(settings, body, **kwargs):
+        raise MemoryError("the run of this request ran out of memory")
+
+    monkeypatch.setattr(upstream_client, "call", failing_call)
+    # When the worker runs it
+    with pytest.raises(MemoryError):
+        Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD)
+    # Then its request waits for the sweep, by its lease, but both its slots are free at once
+    assert state_of(harness, batch["id"], 0)["status"] == "running"
+    leases = Leases(harness.settings)
+    assert leases.read(model_slots_key(MODEL))["held"] == leases.read(account_slots_key(ACCOUNT))["held"] == 0
 
 
 def test_a_poisoned_record_fails_alone_in_its_invocation(harness, monkeypatch):

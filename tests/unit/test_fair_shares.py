@@ -74,18 +74,26 @@ def test_an_aged_chain_keeps_its_batchs_slot_before_lower_lanes():
     assert keeps(item, block_of("big.b1", [*runs("big", range(3)), aged]), 1) == [False, False, False, True]
 
 
-def test_blocks_keep_their_slots_in_order_aged_first_then_by_name():
+def test_blocks_keep_their_slots_in_order_aged_chains_first_then_by_name():
     # Three invocations hold the batch's 7 slots; its share is 4
     item = slots_item({"big.a": 3, "big.b": 2, "big.c": 2}, [("bigger", 5000)], aged={"big.c": 1})
-    blocks = {name: block_of(f"big.{name}", runs("big", range(n))) for name, n in (("a", 3), ("b", 2), ("c", 2))}
-    # c holds an aged chain: it keeps first (both its slots: its aged run, then its lowest lane),
-    # then a keeps its two lowest lanes, and b gives both up
-    blocks["c"] = block_of("big.c", [new_holder("big", 0, aged=True), new_holder("big", 1)])
-    assert keeps(item, blocks["c"], 4) == [True, True]
-    assert keeps(item, blocks["a"], 4) == [True, True, False]
+    blocks = {"a": block_of("big.a", runs("big", range(3))), "b": block_of("big.b", runs("big", range(3, 5))),
+              "c": block_of("big.c", [new_holder("big", 5, aged=True), new_holder("big", 6)])}
+    # c's aged chain keeps first, whatever the block's name; then the others, a's before b's
+    assert keeps(item, blocks["c"], 4) == [True, False]
+    assert keeps(item, blocks["a"], 4) == [True, True, True]
     assert keeps(item, blocks["b"], 4) == [False, False]
     # each slot kept once: as many kept as the share, whichever chain asks
-    assert sum(sum(keeps(item, block, 4)) for block in blocks.values()) == 4
+    for share in range(8):
+        assert sum(sum(keeps(item, block, share)) for block in blocks.values()) == share
+
+
+def test_every_aged_chain_of_a_batch_keeps_before_any_other_across_blocks():
+    item = slots_item({"big.a": 5, "big.b": 3}, [("bigger", 5000)], aged={"big.a": 1, "big.b": 3})
+    a = block_of("big.a", [new_holder("big", 0, aged=True), *runs("big", range(1, 5))])
+    b = block_of("big.b", [new_holder("big", lane, aged=True) for lane in range(5, 8)])
+    assert keeps(item, a, 4) == [True, False, False, False, False]
+    assert keeps(item, b, 4) == [True, True, True]
 
 
 def test_among_batches_holding_none_the_longest_waiting_goes_first():

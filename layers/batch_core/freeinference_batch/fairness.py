@@ -2,7 +2,7 @@
 policy, read from a slots item as `store/leases.py` keeps it, and testable without AWS.
 
 All the chains of a batch read the same item and so agree on which of them give a slot up
-(`keeps_slot`: the blocks in order, and in each block its aged chains, then the lowest lanes),
+(`keeps_slot`: aged chains first, then the others, blocks in order, lowest lanes first in each),
 instead of each yielding on its own. What an item holds is counted in slots, not entries: an
 entry is a worker invocation's block of a batch's slots (store/leases.py).
 """
@@ -103,12 +103,18 @@ def fair_shares(item: dict | None, capacity: int, batch_id: str, remaining: int,
 
 def keeps_slot(item: dict | None, block: str, rank: int, share: int) -> bool:
     """Whether the run at `rank` of its block (`SlotBlock.rank`: aged runs first, then the lowest
-    lanes) is among the `share` of its batch's slots that are kept: the batch's blocks are taken
-    in order (those holding aged chains first, then by name), each with its slots."""
+    lanes) is among the `share` of its batch's slots that are kept. The batch's slots are put in
+    one order, its blocks taken by name: first every block's aged chains (they waited their turn),
+    then every block's others; a run keeps its slot if its place in that order is below the share.
+    Every chain of the batch reading the same item so agrees on which `share` of them keep."""
     batch = holder_batch(block)
     leases = (item or {}).get("leases", {})
-    mine = sorted((h for h in leases if holder_batch(h) == batch and h != block),
-                  key=lambda h: (not entry_aged(leases[h]), h))
-    mine_aged = entry_aged(leases.get(block, {}))
-    before = sum(entry_slots(leases[h]) for h in mine if (not entry_aged(leases[h]), h) < (not mine_aged, block))
-    return before + rank < share
+    blocks = sorted(h for h in leases if holder_batch(h) == batch)
+    earlier = [h for h in blocks if h < block]
+    own_aged = entry_aged(leases[block]) if block in leases else 0
+    if rank < own_aged:
+        place = sum(entry_aged(leases[h]) for h in earlier) + rank
+    else:
+        all_aged = sum(entry_aged(leases[h]) for h in blocks)
+        place = all_aged + sum(entry_slots(leases[h]) - entry_aged(leases[h]) for h in earlier) + rank - own_aged
+    return place < share

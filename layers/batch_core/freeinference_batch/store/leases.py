@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import aws
+from freeinference_batch import aws, clock
 from freeinference_batch.observability import logger
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.dynamo import from_item, is_conditional_failure, key, values
@@ -143,22 +143,31 @@ class SlotBlock:
     # handled alone), where renewals alone keep the block.
     ends_at: float | None
     slot_lease_seconds: float
-    counts: dict[str, int] = field(default_factory=dict)  # slots item (its pk) -> slots held there
+    # Slots item (its pk) -> the slots the block holds there; None after a write whose outcome is
+    # unknown (an error after botocore's retries: applied or not), read again before the next.
+    counts: dict[str, int | None] = field(default_factory=dict)
     expiries: dict[str, float] = field(default_factory=dict)  # slots item -> the entry's `u` as written
     keys: dict[str, dict] = field(default_factory=dict)
     runs: dict[str, bool] = field(default_factory=dict)  # the chains' runs in the block -> aged
+    # Its entry of an item expired and was reaped while its chains ran (they were held past the
+    # block's expiry): its chains hold nothing and give up at their next hand-over, and the
+    # invocation's next claims take a new block (SlotBlocks.for_batch). What its entries still
+    # hold elsewhere expires.
+    lost: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def join(self, run: str) -> None:
         with self.lock:
             self.runs[run] = is_aged(run)
 
-    def leave(self, run: str) -> None:
+    def leave(self, run: str) -> bool:
+        """Take the run out of the block; False if it was not in it (it gave its slots back already)."""
         with self.lock:
-            self.runs.pop(run, None)
+            return self.runs.pop(run, None) is not None
 
     def aged(self) -> int:
-        return sum(self.runs.values())
+        with self.lock:
+            return sum(self.runs.values())
 
     def rank(self, run: str) -> int:
         """The run's place among the block's (aged first, then by lane): who keeps its slot when
@@ -168,7 +177,7 @@ class SlotBlock:
         return order.index(run) if run in order else len(order)
 
     def holds(self, slots_key: dict) -> int:
-        return self.counts.get(slots_name(slots_key), 0)
+        return self.counts.get(slots_name(slots_key)) or 0
 
     def until(self, now: float) -> float:
         """The expiry a write of the block's entries sets: a slot lease from now, never past the
@@ -180,8 +189,9 @@ class SlotBlock:
 
     def renewal_due(self, slots_key: dict, now: float, lease_seconds: float) -> bool:
         """Whether the entry has less than a request's lease left and a renewal would extend it.
-        With the invocation's end in sight the entry already lasts as long as the invocation
-        (slot leases are longer than a worker's timeout), so a deployed block is never renewed."""
+        Where a slot lease outlasts the invocation (the default: twice the upstream timeout + 60 s
+        against the worker's 900 s), the entry already lasts as long as the invocation: then the
+        block is never renewed."""
         current = self.expiries.get(slots_name(slots_key), 0.0)
         return current - now < lease_seconds and self.until(now) > current
 
@@ -196,9 +206,10 @@ class SlotBlocks:
         self._lock = threading.Lock()
 
     def for_batch(self, batch_id: str) -> SlotBlock:
+        """The batch's block, a new one if it has none or its block was lost."""
         with self._lock:
             block = self._blocks.get(batch_id)
-            if block is None:
+            if block is None or block.lost:
                 block = self._blocks[batch_id] = SlotBlock(new_block_holder(batch_id), self.ends_at,
                                                            self.slot_lease_seconds)
             return block
@@ -235,6 +246,7 @@ def waiters_of(item: dict | None, now: float) -> list[Waiter]:
 class Leases:
     def __init__(self, settings: Settings) -> None:
         self.table = settings.accounts_table_name
+        self.clock_file = settings.clock_offset_file
 
     def _update(self, slots_key: dict, expression: str, condition: str | None = None, names: dict | None = None,
                 **named: object) -> None:
@@ -253,15 +265,38 @@ class Leases:
 
     # ---- a block's writes (the workers')
 
+    def _recount(self, slots_key: dict, block: SlotBlock) -> tuple[int, dict | None]:
+        """What the block holds in the item, as a consistent read finds it (after a write that was
+        refused, or whose outcome is unknown), and the item. An entry gone near or past the expiry
+        the block wrote may have been reaped (a reaper reaps only what has expired, by its own
+        clock): the block is taken for lost, and its chains give up. Gone well before it, only the
+        block's own give-back removed it."""
+        name = slots_name(slots_key)
+        block.counts[name] = None  # unknown until the read answers
+        item = self.read(slots_key)
+        entry = ((item or {}).get("leases") or {}).get(block.holder)
+        written = block.expiries.get(name)
+        if entry is None and written is not None and written <= clock.now(self.clock_file) + BLOCK_MARGIN_SECONDS:
+            block.lost = True
+            logger.warning("a slots block may have expired while its chains ran: they give up", extra={"slots": name})
+        held = entry_slots(entry) if entry is not None else 0
+        block.counts[name] = held
+        return held, item
+
     def take(self, slots_key: dict, block: SlotBlock, capacity: int, now: float,
              stop_waiting: str | None = None) -> bool:
         """One more slot for the block, if the item has one free; `stop_waiting` names the
-        claimant's own waiter entry, removed with it. False when the slots are full."""
+        claimant's own waiter entry, removed with it. False when the slots are full (or the block
+        was lost). An error whose outcome is unknown leaves the block's count to be read again."""
         name = slots_name(slots_key)
         with block.lock:
             block.keys[name] = slots_key
-            for _ in range(2):
+            for _ in range(3):
                 old = block.counts.get(name, 0)
+                if old is None:
+                    old, _ = self._recount(slots_key, block)
+                if block.lost:
+                    return False
                 entry = {"n": old + 1, "u": block.until(now), "a": block.aged()}
                 names = {"#holder": block.holder}
                 expression = "SET leases.#holder = :entry, held = held + :one"
@@ -274,19 +309,21 @@ class Leases:
                                  room=capacity - 1, **({"old": old} if old else {}))
                 except ClientError as error:
                     if not is_conditional_failure(error):
+                        block.counts[name] = None
                         raise
-                    item = self.read(slots_key)
-                    written = (item or {}).get("leases", {}).get(block.holder)
-                    if isinstance(written, dict) and int(written["n"]) == old + 1:
+                    held, item = self._recount(slots_key, block)
+                    if held == old + 1:
                         pass  # our own write, sent again by botocore after its answer was lost
                     elif item is None or "held" not in item:
                         self.ensure_item(slots_key, item)  # no item yet: make it, then again
                         continue
+                    elif held != old or block.lost:
+                        continue  # the count was not what the block believed: again from the item's
                     else:
-                        if old and written is None:
-                            block.counts[name] = 0  # the block expired and was reaped: it holds none
-                            logger.warning("a slots block expired while held", extra={"slots": name})
-                        return False
+                        return False  # full
+                except Exception:
+                    block.counts[name] = None
+                    raise
                 block.counts[name], block.expiries[name] = old + 1, entry["u"]
                 return True
             return False
@@ -297,50 +334,64 @@ class Leases:
         which must not stop what the caller does next (count, wake, send the chain's next message)."""
         name = slots_name(slots_key)
         with block.lock:
-            old = block.counts.get(name, 0)
-            if old == 0:
-                return
-            names = {"#holder": block.holder}
             try:
-                if old == 1:
-                    self._update(slots_key, "REMOVE leases.#holder SET held = held - :old", "leases.#holder.n = :old",
-                                 names, old=old)
-                else:
-                    entry = {"n": old - 1, "u": block.expiries.get(name, block.until(0)), "a": block.aged()}
-                    self._update(slots_key, "SET leases.#holder = :entry, held = held - :one",
-                                 "leases.#holder.n = :old", names, entry=entry, old=old, one=1)
-                block.counts[name] = old - 1
-            except ClientError as error:
-                if not is_conditional_failure(error):
-                    logger.warning("could not give a slot back: its block keeps it", exc_info=True,
-                                   extra={"slots": name})
+                for _ in range(3):
+                    old = block.counts.get(name, 0)
+                    if old is None:
+                        old, _ = self._recount(slots_key, block)
+                    if block.lost or old == 0:
+                        return
+                    names = {"#holder": block.holder}
+                    try:
+                        if old == 1:
+                            self._update(slots_key, "REMOVE leases.#holder SET held = held - :old",
+                                         "leases.#holder.n = :old", names, old=old)
+                        else:
+                            self._update(slots_key,
+                                         "SET leases.#holder.n = :n, leases.#holder.a = :a, held = held - :one",
+                                         "leases.#holder.n = :old", names, n=old - 1, a=block.aged(), old=old, one=1)
+                    except ClientError as error:
+                        if not is_conditional_failure(error):
+                            raise
+                        held, _ = self._recount(slots_key, block)
+                        if held != old - 1:
+                            continue  # not ours applied: again from the item's count
+                    block.counts[name] = old - 1
                     return
-                # Our own write sent again after its answer was lost, or the block expired and was
-                # reaped: either way the entry now says what the block holds.
-                written = ((self.read(slots_key) or {}).get("leases") or {}).get(block.holder)
-                block.counts[name] = entry_slots(written) if written is not None else 0
             except Exception:
+                block.counts[name] = None
                 logger.warning("could not give a slot back: its block keeps it", exc_info=True, extra={"slots": name})
 
     def give_all(self, slots_keys: list[dict], block: SlotBlock, run: str) -> None:
-        """A chain's run gives back its slot of each item (never raises, see `give`)."""
-        block.leave(run)
-        for slots_key in slots_keys:
-            self.give(slots_key, block)
+        """A chain's run gives back its slot of each item, once (never raises, see `give`)."""
+        if block.leave(run):
+            for slots_key in slots_keys:
+                self.give(slots_key, block)
 
     def give_back_leftovers(self, blocks: SlotBlocks) -> None:
         """At an invocation's end no chain runs: whatever its blocks still hold (a give-back that
-        failed) goes back now rather than at the entries' expiry."""
+        failed) goes back now, one write per item, rather than at the entries' expiry. Never raises."""
         for block in blocks.blocks():
             for name, slots_key in list(block.keys.items()):
-                for _ in range(block.counts.get(name, 0)):
-                    self.give(slots_key, block)
+                if block.lost or block.counts.get(name) == 0:
+                    continue
+                try:
+                    held, _ = self._recount(slots_key, block)
+                    if held:
+                        self._update(slots_key, "REMOVE leases.#holder SET held = held - :n", "leases.#holder.n = :n",
+                                     {"#holder": block.holder}, n=held)
+                        block.counts[name] = 0
+                except Exception:
+                    logger.warning("could not give a block's slots back: they expire", exc_info=True,
+                                   extra={"slots": name})
 
     def renew(self, slots_key: dict, block: SlotBlock, capacity: int, now: float, lease_seconds: float) -> bool:
         """Extend the block's entry (once per lease, whichever of its chains comes first), unless
-        it was reaped or the capacity has shrunk below what is held: then False."""
+        it was reaped (the block is lost) or the capacity has shrunk below what is held: then False."""
         name = slots_name(slots_key)
         with block.lock:
+            if block.lost:
+                return False
             if not block.renewal_due(slots_key, now, lease_seconds):
                 return True  # another chain of the block renewed it
             until = block.until(now)
@@ -351,8 +402,7 @@ class Leases:
             except ClientError as error:
                 if not is_conditional_failure(error):
                     raise
-                if block.holder not in ((self.read(slots_key) or {}).get("leases") or {}):
-                    block.counts[name] = 0  # reaped: the block holds nothing here any more
+                self._recount(slots_key, block)  # a reaped entry marks the block lost
                 return False
             block.expiries[name] = until
             return True
