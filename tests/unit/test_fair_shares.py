@@ -6,7 +6,7 @@ from freeinference_batch.batches import new_batch_id
 from freeinference_batch.fairness import AGING_SECONDS, fair_shares, keeps_slot, live_waiters, waited_its_turn
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.dynamo import values
-from freeinference_batch.store.leases import SlotBlock, new_block_holder, new_holder
+from freeinference_batch.store.leases import SlotBlock, new_block_holder, new_run
 from freeinference_batch_local.aws_limits import item_bytes
 
 NOW = 1_000.0
@@ -34,7 +34,7 @@ def block_of(holder: str, runs: list[str]) -> SlotBlock:
 
 
 def runs(batch: str, lanes: range) -> list[str]:
-    return [new_holder(batch, lane) for lane in lanes]
+    return [new_run(batch, lane) for lane in lanes]
 
 
 def keeps(item: dict, block: SlotBlock, share: int) -> list[bool]:
@@ -53,7 +53,7 @@ def test_a_small_batch_waiting_takes_every_slot_it_can_use_from_a_big_one():
 def test_a_big_batch_that_waited_its_turn_keeps_it_while_small_batches_stream_in():
     # Three small batches holding a slot each and waiting for more; the big one holds one through
     # a chain that had waited its turn (its block counts it aged)
-    big = new_holder("big", 2, aged=waited_its_turn(AGING_SECONDS))
+    big = new_run("big", 2, aged=waited_its_turn(AGING_SECONDS))
     item = slots_item({"big.b1": 1, "s1.b1": 1, "s2.b1": 1, "s3.b1": 1},
                       [("s1", 90), ("s2", 80), ("s3", 100), ("s3", 100)], aged={"big.b1": 1})
     assert fair_shares(item, 4, "big", 2500, NOW)["big"] == 1  # a quarter of the model
@@ -69,7 +69,7 @@ def test_a_big_batch_that_waited_its_turn_keeps_it_while_small_batches_stream_in
 
 
 def test_an_aged_chain_keeps_its_batchs_slot_before_lower_lanes():
-    aged = new_holder("big", 3, aged=True)
+    aged = new_run("big", 3, aged=True)
     item = slots_item({"big.b1": 4}, [("bigger", 5000)], aged={"big.b1": 1})
     assert keeps(item, block_of("big.b1", [*runs("big", range(3)), aged]), 1) == [False, False, False, True]
 
@@ -78,7 +78,7 @@ def test_blocks_keep_their_slots_in_order_aged_chains_first_then_by_name():
     # Three invocations hold the batch's 7 slots; its share is 4
     item = slots_item({"big.a": 3, "big.b": 2, "big.c": 2}, [("bigger", 5000)], aged={"big.c": 1})
     blocks = {"a": block_of("big.a", runs("big", range(3))), "b": block_of("big.b", runs("big", range(3, 5))),
-              "c": block_of("big.c", [new_holder("big", 5, aged=True), new_holder("big", 6)])}
+              "c": block_of("big.c", [new_run("big", 5, aged=True), new_run("big", 6)])}
     # c's aged chain keeps first, whatever the block's name; then the others, a's before b's
     assert keeps(item, blocks["c"], 4) == [True, False]
     assert keeps(item, blocks["a"], 4) == [True, True, True]
@@ -90,8 +90,8 @@ def test_blocks_keep_their_slots_in_order_aged_chains_first_then_by_name():
 
 def test_every_aged_chain_of_a_batch_keeps_before_any_other_across_blocks():
     item = slots_item({"big.a": 5, "big.b": 3}, [("bigger", 5000)], aged={"big.a": 1, "big.b": 3})
-    a = block_of("big.a", [new_holder("big", 0, aged=True), *runs("big", range(1, 5))])
-    b = block_of("big.b", [new_holder("big", lane, aged=True) for lane in range(5, 8)])
+    a = block_of("big.a", [new_run("big", 0, aged=True), *runs("big", range(1, 5))])
+    b = block_of("big.b", [new_run("big", lane, aged=True) for lane in range(5, 8)])
     assert keeps(item, a, 4) == [True, False, False, False, False]
     assert keeps(item, b, 4) == [True, True, True]
 

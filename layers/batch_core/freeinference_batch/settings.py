@@ -139,10 +139,11 @@ class Settings(BaseSettings):
 
     @property
     def slot_lease_seconds(self) -> float:
-        """A chain's hold on its two slots. A hand-over renews it only once less than a request's
-        lease of it is left (so it never runs out mid-run), which is once per `lease_seconds` of
-        the chain's running instead of once per request. A dead chain's slots free themselves
-        after at most this long, or sooner when the sweep takes its request back."""
+        """A block of slots' lease (store/leases.py), never past its invocation's end (+ 60 s).
+        The first of its chains to find less than a request's lease of it left renews it (so it
+        never runs out mid-run): at most once per `lease_seconds`, and never where it outlasts the
+        invocation, as by default. A dead invocation's slots free themselves after at most this
+        long, or at its end."""
         return 2 * self.lease_seconds
 
 

@@ -78,7 +78,7 @@ EXPIRY_DECIMALS = 2
 BLOCK_MARGIN_SECONDS = 60.0
 
 
-def new_holder(batch_id: str, lane: int, aged: bool = False) -> str:
+def new_run(batch_id: str, lane: int, aged: bool = False) -> str:
     """A chain's run: `<batch id>.<lane>.<random>`, marked `.a` for a chain that waited its turn
     (see fairness.py). It is the chain's `runner` and its requests' `slot_holder`; the slots
     themselves are held by its invocation's block for the batch."""

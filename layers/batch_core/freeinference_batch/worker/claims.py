@@ -14,7 +14,7 @@ from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
-from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, entry_expiry, new_holder, slots_held
+from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, entry_expiry, new_run, slots_held
 from freeinference_batch.store.runs import RunWrites, Tally
 from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiting_since
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
@@ -72,7 +72,7 @@ class Claims:
                 continue
             # Full as read. Held by live leases, it is waited for: registering as a waiter answers
             # the item as it is then, so a slot freed since the read is seen there. Otherwise (never
-            # used, of the old form, or a dead invocation's block expired in it) reap first,
+            # used, or a dead invocation's block expired in it) reap first,
             # counting from reap's own read.
             leases = (item or {}).get("leases")
             live = item is not None and "held" in item and all(
@@ -81,7 +81,7 @@ class Claims:
                 return self.waiting.wait_for_slot(message, meta, record, now, slots_key, item, capacity)
 
         sent = waiting_since(message, record, now)
-        run = new_holder(message.batch_id, chain_of(message, meta), aged=fairness.waited_its_turn(now - sent))
+        run = new_run(message.batch_id, chain_of(message, meta), aged=fairness.waited_its_turn(now - sent))
         block = self.blocks.for_batch(message.batch_id)
         token = uuid.uuid4().hex
         waiting_as = waiter_id(message, meta)

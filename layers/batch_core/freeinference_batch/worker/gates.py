@@ -94,12 +94,12 @@ class Gatekeeper:
     def read(self, message: RequestMessage, now: float, *, reuse_owner: bool = False) -> Gates:
         """All the gates, in one BatchGetItem. `reuse_owner` (a chain running on): the owner's and
         the model's items as its invocation read them up to OWNER_REUSE_SECONDS ago, if it did
-        (then only the batch, the model's load and the slots are read), and the accounts table's items read
-        eventually consistent, at half the read units: the slots items are 31 KB at 500 holders
-        and every hand-over reads both. What a running chain checks there tolerates a read a
-        moment old (it holds its slots; a lowered cap, a reaped lease or a new waiter is acted on
-        at the next hand-over), while the batch item stays a consistent read (a cancel stops the
-        chain at once), and a first claim, which takes slots, reads everything consistently."""
+        (then only the batch, the model's load and the slots are read), and the accounts table's
+        items read eventually consistent, at half the read units: every hand-over reads both slots
+        items. What a running chain checks there tolerates a read a moment old (its block holds
+        its slots; a lowered cap or a new waiter is acted on at the next hand-over), while the
+        batch item stays a consistent read (a cancel stops the chain at once), and a first claim,
+        which takes slots, reads everything consistently."""
         account_id, key_hash = message.account_id, message.key_hash
         owner_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
                       accounts_table.usage_item_key(account_id, clock.utc_day(now)),

@@ -15,11 +15,11 @@ calls, a request's life is:
    its two slots without writing them (its block is renewed at most once per `lease_seconds`).
    The next request then runs in the same invocation.
 
-A chain leaves the invocation (a settle and count that stops the chain, the slots released,
+A chain leaves the invocation (a settle and count that stops the chain, the slots given back,
 and a message for its next request) when a gate says no, the invocation is near its timeout,
 the request is to be retried, or a smaller batch waits for the slots (then the chain yields,
 see settling.py).
-Whoever releases a slot wakes the best waiting chain at once.
+Whoever gives a slot back wakes the best waiting chain at once.
 
 The parts, one module each: `gates` (what a request must pass before every run), `claims`
 (taking the request and the slots), `waiting` (waiting for a slot, and waking who waits),

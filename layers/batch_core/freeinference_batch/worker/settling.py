@@ -1,5 +1,5 @@
 """Settling a run: its final state (or its retry), the batch's counters and cost, the day's
-usage, the slots released, and the chain moved on. When the invocation has time for another
+usage, the slots given back, and the chain moved on. When the invocation has time for another
 request, the settle is a hand-over instead: the request settled alone, the chain's next request
 claimed alone, and what the run settled counted now and then; the next request then runs in this
 invocation under the same hold on the slots."""
@@ -229,11 +229,12 @@ class Settler:
         """The run gives its chain up: in one transaction the request's settle (if any), the count
         of everything the run settled and the chain's head moved past it (to the first request not
         settled, which the retry or the chain's next message starts from), and one running fewer;
-        then both slots released. False when the run had lost its claim (or its chain): then the
+        then both slots given back. False when the run had lost its claim (or its chain): then the
         sweep, which took them back, counts for it.
 
-        The slots are released by plain writes, not in the transaction, for the reason they are
-        taken that way (claims.py): a run that dies between the two leaves leases that expire."""
+        The slots are given back by plain writes, not in the transaction, for the reason they are
+        taken that way (claims.py): an invocation that dies between the two leaves its block to
+        expire."""
         message, meta, run = claimed.message, claimed.meta, claimed.run
         elements = [*([settle] if settle else []),
                     *self.writes.flush(message.batch_id, meta.account_id, claimed.tally, run, now, lease_until,
