@@ -17,7 +17,14 @@ from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, entry_expiry, model_slots_key
+from freeinference_batch.store.leases import (
+    Leases,
+    SlotBlock,
+    Waiter,
+    account_slots_key,
+    entry_expiry,
+    model_slots_key,
+)
 from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, InvocationState, Parked, Worker, gates
 from freeinference_batch_local.upstream_sim import prompt_tokens, reply_for
 
@@ -532,11 +539,14 @@ def test_a_big_batch_yields_its_slot_to_a_small_waiting_batch(harness, upstream,
     big = harness.create([sample_request(f"big-{n}", f"Big {n}") for n in range(8)])
     small = harness.create([sample_request(f"small-{n}", f"Small {n}") for n in range(2)])
     small_record = received_record(harness, small["id"], 0)
-    # and the model's other 3 slots held (for an hour) by the big batch's chains 0-2, or by a
-    # third batch's
+    # and the model's other 3 slots held (for an hour) by another invocation's block of the big
+    # batch's chains 0-2 (named to come first in the batch's order of blocks: fairness.keeps_slot),
+    # or of a third batch's
     owner = big["id"] if other_holders_are == "the big batch's other chains" else "batch_other"
-    holders = {f"{owner}.{lane}.held": now(harness) + 3600 for lane in range(3)}
-    fill_slots(harness, model_slots_key(MODEL), holders)
+    others = SlotBlock(f"{owner}.0", None, 3600)
+    leases = Leases(harness.settings)
+    for _ in range(3):
+        assert leases.take(model_slots_key(MODEL), others, 4, now(harness))
     real_call = upstream_client.call
     small_outcomes: list = []
 
@@ -557,11 +567,11 @@ def test_a_big_batch_yields_its_slot_to_a_small_waiting_batch(harness, upstream,
     # when this is the big batch's last slot): its next request waits for a message of its own,
     # and the small batch's parked message is made visible at once
     assert attempts(sim, big["id"], 7) == 0
-    assert set(slots) == set(holders)
+    assert set(slots) == {others.holder}
     assert woken
     # And when the other holders finish, everything ends counted once
-    for holder in holders:
-        Leases(harness.settings).release_one(model_slots_key(MODEL), holder)
+    for _ in range(3):
+        leases.give(model_slots_key(MODEL), others)
     for batch in (big, small):
         assert harness.run_to_final(batch["id"])["status"] == "completed"
     assert all(attempts(sim, big["id"], n) == 1 for n in range(8))
