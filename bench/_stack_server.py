@@ -79,7 +79,7 @@ class CallCounter:
 
         def before(params: dict, model: Any, **_: Any) -> None:
             self._local.started = time.perf_counter()
-            # Single-item calls are told apart by the item's kind ("MODEL/SLOTS", "BATCH/LANEPOS"...).
+            # Single-item calls are told apart by the item's kind ("MODEL/HELD_SLOTS", "BATCH/LANEPOS"...).
             key = params.get("Key") if model.name in ("GetItem", "UpdateItem", "DeleteItem") else None
             self._local.kind = item_kind(key) if key else ""
 
@@ -147,7 +147,7 @@ def write_stats(stack: Any, counter: CallCounter, path: str, interval: float, st
                 "wall": time.time(),
                 "upstream_in_flight": upstream.concurrent if upstream is not None else None,
                 "upstream_calls": upstream.total_requests if upstream is not None else None,
-                "slots": slots,  # model -> [leases held, waiters registered] on its MODEL#/SLOTS item
+                "slots": slots,  # model -> [slots held, waiters registered] on its MODEL#/HELD_SLOTS item
                 "pollers": {name: poller.stats() for name, poller in stack.pollers.items()},
                 "aws_calls": counter.snapshot(),
                 "cpu_stack": round(time.process_time(), 3),

@@ -12,7 +12,7 @@ the template's rates, as on AWS.
 
 What the stack process samples every 0.5 s (see _stack_server.py) gives, without a second run:
 - requests in flight over time: the simulated upstream's calls in flight, and the model's slots
-  held (leases on MODEL#<id>/SLOTS);
+  held (`held` on MODEL#<id>/HELD_SLOTS);
 - requests per worker invocation: upstream calls / the poller's invocations, both counted;
 - AWS calls per request, by operation, with their client-side time (which includes the wait for
   moto's one lock);

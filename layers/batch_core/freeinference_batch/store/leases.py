@@ -55,6 +55,11 @@ def account_slots_key(account_id: str) -> dict:
     return key(f"ACCOUNT#{account_id}", SLOTS_SORT_KEY)
 
 
+def chain_slots_keys(model: str, account_id: str) -> list[dict]:
+    """The two slots items a chain's run holds one slot of: its model's and its account's."""
+    return [model_slots_key(model), account_slots_key(account_id)]
+
+
 def model_load_key(model: str) -> dict:
     return key(f"MODEL#{model}", "LOAD")
 
@@ -367,6 +372,10 @@ class Leases:
         if block.leave(run):
             for slots_key in slots_keys:
                 self.give(slots_key, block)
+
+    def give_held(self, model: str, account_id: str, block: SlotBlock, run: str) -> None:
+        """A chain's run gives back both slots it holds, its model's and its account's (`give_all`)."""
+        self.give_all(chain_slots_keys(model, account_id), block, run)
 
     def give_back_leftovers(self, blocks: SlotBlocks) -> None:
         """At an invocation's end no chain runs: whatever its blocks still hold (a give-back that

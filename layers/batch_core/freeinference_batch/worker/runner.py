@@ -49,7 +49,7 @@ from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.leases import Leases, SlotBlocks, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import Leases, SlotBlocks
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, waiting_since
 from freeinference_batch.worker.claims import Claims
@@ -155,8 +155,7 @@ class Worker:
                 # the sweep takes it back by its lease, and sends the chain's message, whose run
                 # takes a slot of its own. This one's is free now (given back once: a run that
                 # left already gave them).
-                self.leases.give_all([model_slots_key(message.model), account_slots_key(message.account_id)],
-                                     running.block, running.run)
+                self.leases.give_held(running.message.model, running.meta.account_id, running.block, running.run)
             raise
         return step
 

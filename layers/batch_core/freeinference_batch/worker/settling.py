@@ -21,7 +21,7 @@ from freeinference_batch.schemas import RequestMessage, RequestStatus
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
-from freeinference_batch.store.leases import Leases, SlotBlock, account_slots_key, model_slots_key, slots_held
+from freeinference_batch.store.leases import Leases, SlotBlock, slots_held
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker.chains import Chains, remaining
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
@@ -245,8 +245,7 @@ class Settler:
         except TransactionFailed:
             logger.warning("settle lost its claim", extra={"batch_id": message.batch_id, "position": message.position})
             counted = False
-        self.leases.give_all([model_slots_key(message.model), account_slots_key(meta.account_id)], claimed.block,
-                             run)
+        self.leases.give_held(message.model, meta.account_id, claimed.block, run)
         if not counted:
             # The callers wake waiters only after a leave that counted: these slots are free too.
             self.waiting.wake_waiters(message, meta.account_id, now)

@@ -15,7 +15,7 @@ from freeinference_batch.schemas import RequestMessage
 from freeinference_batch.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import batch_get
-from freeinference_batch.store.leases import Leases, Waiter, account_slots_key, model_slots_key, slots_held
+from freeinference_batch.store.leases import Leases, Waiter, chain_slots_keys, slots_held
 from freeinference_batch.worker.chains import Chains, remaining, waiter_id, waiting_since
 from freeinference_batch.worker.outcomes import Parked, metric
 
@@ -81,7 +81,7 @@ class WaitingRoom:
         to is woken from them without another read (so a better waiter that registered since is
         passed over while that one is still listed). Any item that shows no waiter left to wake is
         then read afresh, since a chain may have registered between that read and the release."""
-        keys = [model_slots_key(message.model), account_slots_key(account_id)]
+        keys = chain_slots_keys(message.model, account_id)
         try:
             items = known if known is not None else self.read_slots(keys)
             unwoken = [slots_key for slots_key, item in zip(keys, items, strict=True)
