@@ -10,6 +10,8 @@ anywhere in any message's text steer one request:
 - `[sim:fail=CODE*N]`  fail the first N attempts of this request with CODE, then succeed;
 - `[sim:hang]`         never answer: hold the connection until the client gives up or the
                        simulator stops;
+- `[sim:gate=NAME]`    answer only once the test opens gate NAME (`open_gate`): requests that
+                       must all be in flight at once, however long the caller takes to start them;
 - `[sim:pad=N]`        add N characters ("é", 6 bytes each once JSON-escaped) to the reply: an
                        answer too big for a page of results (about 1,000,000 is past 6 MB).
 
@@ -45,6 +47,7 @@ _STATUS = re.compile(r"\[sim:status=(\d{3})\]")
 _FAIL = re.compile(r"\[sim:fail=(\d{3})\*(\d+)\]")
 _HANG = re.compile(r"\[sim:hang\]")
 _PAD = re.compile(r"\[sim:pad=(\d+)\]")
+_GATE = re.compile(r"\[sim:gate=([A-Za-z0-9_-]+)\]")
 _PAD_CHARACTER = "é"
 _ANY_DIRECTIVE = re.compile(r"\[sim:[^\]]*\]")
 
@@ -127,6 +130,8 @@ class _Directives:
         self.hang = bool(_HANG.search(joined))
         pad = _PAD.search(joined)
         self.pad = int(pad.group(1)) if pad else 0
+        gate = _GATE.search(joined)
+        self.gate = gate.group(1) if gate else None
 
 
 class _Server(ThreadingHTTPServer):
@@ -245,6 +250,7 @@ class UpstreamSimulator:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
+        self._gates: dict[str, threading.Event] = defaultdict(threading.Event)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.base_url = ""
@@ -304,6 +310,12 @@ class UpstreamSimulator:
             self.total_requests = 0
             self.max_concurrent = self.concurrent
 
+    def open_gate(self, name: str) -> None:
+        """Let every request held by `[sim:gate=NAME]` answer, now and from now on."""
+        with self._lock:
+            gate = self._gates[name]
+        gate.set()
+
     def _track(self, connection: socket.socket, *, add: bool) -> None:
         with self._lock:
             if add:
@@ -352,6 +364,8 @@ class UpstreamSimulator:
         if directives.hang:
             self._hold(handler)
             return None, {}
+        if directives.gate is not None and not self._wait_for_gate(handler, directives.gate):
+            return None, {}
         if directives.latency and self._stopping.wait(directives.latency):
             handler.close_connection = True
             return None, {}
@@ -386,6 +400,16 @@ class UpstreamSimulator:
                 "total_tokens": prompt + completion,
             },
         }
+
+    def _wait_for_gate(self, handler: _Handler, name: str) -> bool:
+        """True once the gate opens; False if the server stops or the client leaves first."""
+        with self._lock:
+            gate = self._gates[name]
+        while not gate.wait(_HANG_POLL_SECONDS):
+            if self._stopping.is_set() or handler.client_gone():
+                handler.close_connection = True
+                return False
+        return True
 
     def _hold(self, handler: _Handler) -> None:
         """Never answer: sleep (no busy loop) until the server stops or the client leaves."""

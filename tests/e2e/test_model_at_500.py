@@ -26,10 +26,11 @@ from freeinference_batch_local.stack import LocalStack
 
 MODEL = "glm-5.3-flash"
 SLOTS = 500
-# Long enough that the first requests still run when the last of the 500 chains starts: the
-# stack starts the worker's execution environments and serves every chain's claim one moto call
-# at a time on this machine's two cores.
-LATENCY_SECONDS = 45
+# Every request is held at the simulated upstream until all 500 are there at once, however long
+# the stack takes to start them (the worker's execution environments and every chain's claim are
+# served one moto call at a time on this machine's two cores: about 50 s on a loaded CI run).
+GATE = "all-500"
+RAMP_UP_DEADLINE_SECONDS = 240
 
 
 def test_a_model_sized_at_500_runs_500_requests_at_once_in_a_few_dozen_blocks(tmp_path: Path) -> None:
@@ -55,7 +56,7 @@ def test_a_model_sized_at_500_runs_500_requests_at_once_in_a_few_dozen_blocks(tm
         def slots(key: dict) -> dict:
             return from_item(dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")) or {}
 
-        # When a batch of 500 requests of 45 s each runs (the worker's poller held while it is
+        # When a batch of 500 requests runs (the worker's poller held while it is
         # created: its 500 chains' first claims and the worker environments' cold starts would
         # otherwise queue the create's own calls behind them at the one moto server, past the
         # API's 29 s on a loaded machine; the run, not the create, is what this test is about)
@@ -66,7 +67,7 @@ def test_a_model_sized_at_500_runs_500_requests_at_once_in_a_few_dozen_blocks(tm
         try:
             created = session.post(f"{stack.base_url}/batches", timeout=30, json={"requests": [
                 {"custom_id": f"r-{n}", "body": {"model": MODEL, "messages": [
-                    {"role": "user", "content": f"[sim:latency={LATENCY_SECONDS}] request {n}"}]}}
+                    {"role": "user", "content": f"[sim:gate={GATE}] request {n}"}]}}
                 for n in range(SLOTS)]})
         finally:
             worker_poller.resume()
@@ -88,6 +89,15 @@ def test_a_model_sized_at_500_runs_500_requests_at_once_in_a_few_dozen_blocks(tm
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         try:
+            # (the upstream answers once all 500 are in flight at once, or at the deadline)
+            upstream = stack.upstream
+            try:
+                wait_for(lambda: upstream.concurrent >= SLOTS, timeout=RAMP_UP_DEADLINE_SECONDS, interval=0.25,
+                         message=f"{SLOTS} requests at the upstream at once")
+            except AssertionError as error:
+                raise AssertionError(f"{error}; first seen (held: s) {sorted(first_at.items())}") from None
+            finally:
+                upstream.open_gate(GATE)
             final = wait_for(lambda: (b := session.get(f"{stack.base_url}/batches/{batch_id}", timeout=30).json())
                              ["status"] in ("completed", "failed", "expired", "cancelled") and b,
                              timeout=300, interval=1.0, message="the batch to finish")
@@ -102,6 +112,7 @@ def test_a_model_sized_at_500_runs_500_requests_at_once_in_a_few_dozen_blocks(tm
         assert sorted(line["custom_id"] for line in page["data"]) == sorted(f"r-{n}" for n in range(SLOTS))
         # And all 500 ran at once, never more than the model's slots, held by a few dozen blocks
         # (about one per worker invocation: its SQS batch is 24 records), each counted in both items
+        assert upstream.max_concurrent == SLOTS
         peak = max(samples)
         assert peak[0] == SLOTS, f"at most {peak[0]} held at once; first seen (held: s) {sorted(first_at.items())}"
         assert all(held <= SLOTS for held, _, _, _ in samples)

@@ -177,6 +177,26 @@ def test_many_concurrent_requests_are_served_in_parallel(sim):
     assert sim.max_concurrent >= 25
 
 
+def test_gate_holds_every_request_until_the_test_opens_it(sim):
+    # Given three requests held by one gate and one by another
+    with ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(chat, sim, f"[sim:gate=all] q{n}", timeout=10) for n in range(3)]
+        other = pool.submit(chat, sim, "[sim:gate=other] q", timeout=10)
+        deadline = time.monotonic() + 5
+        while sim.concurrent < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Then all four are in flight at once, none answered
+        assert sim.concurrent == 4 and not any(future.done() for future in [*held, other])
+        # When the first gate opens, its three answer and the other stays held
+        sim.open_gate("all")
+        assert [future.result(timeout=5).status_code for future in held] == [200, 200, 200]
+        assert not other.done()
+        # And a request that comes after its gate opened answers at once
+        assert chat(sim, "[sim:gate=all] late", timeout=5).status_code == 200
+        sim.open_gate("other")
+        assert other.result(timeout=5).status_code == 200
+
+
 def test_hang_does_not_block_other_requests(sim):
     with pytest.raises(requests.exceptions.Timeout):
         chat(sim, "[sim:hang]", timeout=0.5)
