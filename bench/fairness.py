@@ -48,6 +48,7 @@ def time_to_final(client: c.Client, data: bytes, poll: float, timeout: float) ->
 def diagnose(args: argparse.Namespace, directive: str) -> None:
     """One round in-process, recording every handle_record per batch: requests run, parks (and how long)."""
     from freeinference_batch import upstream, worker
+    from freeinference_batch.worker.waiting import WOKEN_WAIT_SECONDS
 
     print("\n=== diagnosis: one round on an in-process LocalStack, worker steps per batch ===")
     steps: list[tuple[float, str, int, float | None]] = []  # (time, batch id, upstream calls, park s or None)
@@ -97,7 +98,7 @@ def diagnose(args: argparse.Namespace, directive: str) -> None:
                          "parks (no free slot)", "park s in all")))
     print(f"worker deliveries in all: {len(steps)}, parked {sum(1 for s in steps if s[3] is not None)}. A chain "
           f"runs on in its invocation, handing its slots to its next request; one that finds the slots full "
-          f"registers as a waiter and parks {worker.WOKEN_WAIT_SECONDS[0]:g}-{worker.WOKEN_WAIT_SECONDS[1]:g} s, "
+          f"registers as a waiter and parks {WOKEN_WAIT_SECONDS[0]:g}-{WOKEN_WAIT_SECONDS[1]:g} s, "
           f"but is made visible as soon as a slot frees; a batch above its share gives slots up to waiting "
           f"batches (fairness.py fair_shares: small batches first, a batch that waited its turn keeps one).")
 
