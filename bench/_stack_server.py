@@ -149,6 +149,8 @@ def write_stats(stack: Any, counter: CallCounter, path: str, interval: float, st
                 "upstream_calls": upstream.total_requests if upstream is not None else None,
                 "slots": slots,  # model -> [slots held, waiters registered] on its MODEL#/HELD_SLOTS item
                 "pollers": {name: poller.stats() for name, poller in stack.pollers.items()},
+                # function -> its execution environments' counters (cold starts, invocations)
+                "functions": {name: pool.stats() for name, pool in stack.pools.items()},
                 "aws_calls": counter.snapshot(),
                 "cpu_stack": round(time.process_time(), 3),
                 "cpu_moto": cpu_seconds(moto_pid),
