@@ -11,10 +11,14 @@ operation (count and client-side seconds, which include the wait for moto's one 
 CPU seconds of this process and of its moto child (moto serves one request at a time, so its CPU
 share is close to how busy it is). With `--stats` the functions run on this process's threads
 (`LocalStack(isolated_functions=False)`, the threads `dev` ran them on until execution
-environments), since the counts hook this process's clients. Counting costs a dict update per AWS call, nothing per moto
+environments), since the counts hook this process's clients; `--environments` runs them in
+execution environments all the same (then `aws_calls` holds the pollers' calls only, and each
+line's `functions` has each function's environment counters: cold starts, environments, busy).
+Counting costs a dict update per AWS call, nothing per moto
 request: the figures of a run with stats are those of a run without.
 
-    .venv/bin/python bench/_stack_server.py [--paused] [--stats PATH] [--stats-interval 0.5] [--template PATH]
+    .venv/bin/python bench/_stack_server.py [--paused] [--stats PATH] [--stats-interval 0.5] [--environments]
+                                            [--template PATH]
 """
 
 from __future__ import annotations
@@ -149,7 +153,7 @@ def write_stats(stack: Any, counter: CallCounter, path: str, interval: float, st
                 "upstream_calls": upstream.total_requests if upstream is not None else None,
                 "slots": slots,  # model -> [slots held, waiters registered] on its MODEL#/HELD_SLOTS item
                 "pollers": {name: poller.stats() for name, poller in stack.pollers.items()},
-                # function -> its execution environments' counters (cold starts, invocations)
+                # function -> its execution environments' counters (--environments)
                 "functions": {name: pool.stats() for name, pool in stack.pools.items()},
                 "aws_calls": counter.snapshot(),
                 "cpu_stack": round(time.process_time(), 3),
@@ -164,6 +168,8 @@ def main() -> None:
     parser.add_argument("--paused", action="store_true", help="pause the workers' queue pollers")
     parser.add_argument("--stats", default="", help="append a JSON line of the stack's counters here, periodically")
     parser.add_argument("--stats-interval", type=float, default=0.5, help="seconds between stats lines (0.5)")
+    parser.add_argument("--environments", action="store_true",
+                        help="with --stats, run the functions in execution environments, as dev does")
     parser.add_argument("--template", default="", help="the stack's template, if not the repo's template.yaml")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("LOCAL_STACK_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr)
@@ -177,8 +183,9 @@ def main() -> None:
 
     # The counts hook the functions' boto3 clients, which are this process's only when the
     # functions run on its threads (isolated_functions=False); without --stats they run in
-    # execution environments of their own, as `dev` runs them.
-    stack = LocalStack(template_path=args.template or None, isolated_functions=not args.stats).start()
+    # execution environments of their own, as `dev` runs them (and with --environments).
+    stack = LocalStack(template_path=args.template or None,
+                       isolated_functions=args.environments or not args.stats).start()
     stats_stop = threading.Event()
     try:
         if args.paused:
