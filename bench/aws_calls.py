@@ -16,7 +16,7 @@ invocations as they ran: each invocation's measured wall time; records run side 
 invocation lasts as long as its longest chain. So how many requests share an invocation, and its
 tail (chains waiting for the slowest), are measured, not assumed. By default the run's upstream
 latency is --model-latency (5 s) itself, so everything is measured at it, what the engine does on
-a timer included (a chain counts what it settled every 16 requests or 60 s: at 5 s, the timer);
+a timer included (a chain counts what it settled every 24 requests or 120 s: at 5 s, both at once);
 with a shorter --latency the run is faster and each upstream call is stretched to --model-latency
 in the model, but a timer's writes are then those of the short latency (fewer at 50 ms). The old model (an assumed 4
 requests per invocation, GSIs written on every update) is printed beside it for comparison.
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1500, help="requests in the batch (default 1500)")
     parser.add_argument("--latency", type=float, default=None,
                         help="simulated upstream latency in this run, s (default: --model-latency, so that what the "
-                             "engine does on a timer, such as counting every 60 s, is measured at that latency; a "
+                             "engine does on a timer, such as counting every 120 s, is measured at that latency; a "
                              "shorter one runs faster, its upstream calls stretched to --model-latency in the model)")
     parser.add_argument("--page", type=int, default=1000, help="results per page when reading (default 1000)")
     parser.add_argument("--poll", type=float, default=0.5, help="status poll interval while waiting, s")

@@ -34,11 +34,14 @@ STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exis
 NOT_FINAL = "NOT #status IN (:completed, :failed, :expired, :cancelled)"
 # How many settled requests, or how long, a run keeps uncounted. A batch's counts, and the day's
 # usage the quota reads, lag its settled requests by at most this much per running chain. A count
-# is a transaction of three items (the chain, META, the day's usage: 6 write units), so at LLM
-# latencies the time bound sets what counting costs: every 20 s was every 4 requests at a 5 s
-# upstream, 1.5 write units a request (more than the slots ever cost); every 60 s is every 12.
-FLUSH_EVERY_REQUESTS = 16
-FLUSH_SECONDS = 60.0
+# is a transaction of three items (the chain, META, the day's usage: 6 write units), and a chain
+# counts once more when it leaves whatever these say, so they set what counting costs: every 16
+# requests is 0.375 write units a request on a long chain, every 24 is 0.25; at a 5 s upstream both
+# bounds fall together (24 requests take 120 s), and a chain of up to 24 requests (1,500 on 64
+# slots is 23 a chain) counts only when it leaves. Every 60 s was every 12 requests at 5 s, and
+# every 20 s every 4 (1.5 write units a request).
+FLUSH_EVERY_REQUESTS = 24
+FLUSH_SECONDS = 120.0
 
 
 @dataclass
