@@ -312,9 +312,7 @@ class UpstreamSimulator:
 
     def open_gate(self, name: str) -> None:
         """Let every request held by `[sim:gate=NAME]` answer, now and from now on."""
-        with self._lock:
-            gate = self._gates[name]
-        gate.set()
+        self._gate(name).set()
 
     def _track(self, connection: socket.socket, *, add: bool) -> None:
         with self._lock:
@@ -364,7 +362,7 @@ class UpstreamSimulator:
         if directives.hang:
             self._hold(handler)
             return None, {}
-        if directives.gate is not None and not self._wait_for_gate(handler, directives.gate):
+        if directives.gate is not None and not self._hold(handler, self._gate(directives.gate)):
             return None, {}
         if directives.latency and self._stopping.wait(directives.latency):
             handler.close_connection = True
@@ -401,22 +399,19 @@ class UpstreamSimulator:
             },
         }
 
-    def _wait_for_gate(self, handler: _Handler, name: str) -> bool:
-        """True once the gate opens; False if the server stops or the client leaves first."""
+    def _gate(self, name: str) -> threading.Event:
         with self._lock:
-            gate = self._gates[name]
-        while not gate.wait(_HANG_POLL_SECONDS):
-            if self._stopping.is_set() or handler.client_gone():
-                handler.close_connection = True
-                return False
-        return True
+            return self._gates[name]
 
-    def _hold(self, handler: _Handler) -> None:
-        """Never answer: sleep (no busy loop) until the server stops or the client leaves."""
+    def _hold(self, handler: _Handler, gate: threading.Event | None = None) -> bool:
+        """Hold the request, sleeping (no busy loop), until `gate` opens (True), or with no gate
+        for ever: False once the server stops or the client leaves first."""
+        wake = gate if gate is not None else self._stopping
+        while not self._stopping.is_set() and not handler.client_gone():
+            if wake.wait(_HANG_POLL_SECONDS) and wake is gate:
+                return True
         handler.close_connection = True
-        while not self._stopping.wait(_HANG_POLL_SECONDS):
-            if handler.client_gone():
-                return
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
