@@ -2,7 +2,7 @@
 
 botocore event hooks (`before-parameter-build.*.*` / `after-call.*.*`, plus `before-send.*.*`
 for HTTP attempts, i.e. retries) are registered on every client the service uses: the cached clients of
-`freeinference_batch.aws` (the functions' code) and each queue poller's own SQS client (the
+`freeinference_batch.core.aws` (the functions' code) and each queue poller's own SQS client (the
 stand-in for Lambda's event source mapping). A thread-local label says who is calling: wrappers
 around the API routes, `Worker.handle_record`, the schedule handlers and the pollers set it.
 
@@ -239,7 +239,9 @@ class AwsCalls:
     # ------------------------------------------------------------ installing
 
     def install(self) -> AwsCalls:
-        from freeinference_batch import aws, upstream, worker
+        from freeinference_batch import worker
+        from freeinference_batch.core import aws
+        from freeinference_batch.worker import upstream
 
         hooked: set[int] = set()
         for client in (aws.dynamodb(), aws.sqs(), aws.s3()):

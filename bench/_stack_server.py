@@ -111,8 +111,8 @@ def model_slots(client: Any) -> dict[str, list[int]]:
     """Leases and waiters on each model's slots item: one GetItem per model per stats line
     (a few moto requests a second, against the hundred a busy run makes), on a client of its
     own so that the call counts leave these reads out."""
-    from freeinference_batch.catalog import load_catalog
-    from freeinference_batch.settings import get_settings
+    from freeinference_batch.core.catalog import load_catalog
+    from freeinference_batch.core.settings import get_settings
     from freeinference_batch.store.dynamo import from_item
     from freeinference_batch.store.leases import model_slots_key, slots_held
 
@@ -191,7 +191,7 @@ def main() -> None:
         if args.paused:
             stack.pause_workers()
         if args.stats:
-            from freeinference_batch import aws
+            from freeinference_batch.core import aws
 
             counter = CallCounter()
             hooked: set[int] = set()

@@ -126,8 +126,8 @@ def main() -> None:
     data = c.dumps(body)
     with c.in_process_stack(env, template=template) as stack:
         from freeinference_batch import accounts
-        from freeinference_batch.catalog import load_catalog
-        from freeinference_batch.settings import get_settings
+        from freeinference_batch.core.catalog import load_catalog
+        from freeinference_batch.core.settings import get_settings
 
         concurrency = load_catalog(get_settings().model_catalog_path).models[c.MODEL].batch_concurrency
         # What `admin set-account dev --concurrency` does: the account's slots must not cap the model's.

@@ -47,7 +47,8 @@ def time_to_final(client: c.Client, data: bytes, poll: float, timeout: float) ->
 
 def diagnose(args: argparse.Namespace, directive: str) -> None:
     """One round in-process, recording every handle_record per batch: requests run, parks (and how long)."""
-    from freeinference_batch import upstream, worker
+    from freeinference_batch import worker
+    from freeinference_batch.worker import upstream
     from freeinference_batch.worker.waiting import WOKEN_WAIT_SECONDS
 
     print("\n=== diagnosis: one round on an in-process LocalStack, worker steps per batch ===")

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freeinference_batch import validation
-from freeinference_batch.catalog import Catalog, load_catalog
-from freeinference_batch.errors import BadRequest
-from freeinference_batch.settings import Settings
+from freeinference_batch.batches import validation
+from freeinference_batch.core.catalog import Catalog, load_catalog
+from freeinference_batch.core.errors import BadRequest
+from freeinference_batch.core.settings import Settings
 from pydantic import BaseModel, Field
 
 from freeinference_batch_client.client import encode_json

@@ -3,7 +3,7 @@
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from freeinference_batch.api import app
-from freeinference_batch.observability import logger, tracer
+from freeinference_batch.core.observability import logger, tracer
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, log_event=False)

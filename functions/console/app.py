@@ -5,9 +5,9 @@ from functools import cache
 from pathlib import Path
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from freeinference_batch.console_site import ConsoleSite, payload_origin
-from freeinference_batch.observability import logger
-from freeinference_batch.settings import get_settings
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.settings import get_settings
+from freeinference_batch.ops.console_site import ConsoleSite, payload_origin
 
 STATIC = Path(__file__).resolve().parent / "static"
 

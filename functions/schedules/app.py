@@ -1,9 +1,9 @@
 """Schedule functions: EventBridge rules -> expiry, recovery sweep, purge."""
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from freeinference_batch import schedules
-from freeinference_batch.observability import logger, metrics, tracer
-from freeinference_batch.settings import get_settings
+from freeinference_batch.core.observability import logger, metrics, tracer
+from freeinference_batch.core.settings import get_settings
+from freeinference_batch.ops import schedules
 
 
 @metrics.log_metrics

@@ -5,9 +5,9 @@ are retried, in order, as Lambda does for streams)."""
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from freeinference_batch import status_events
-from freeinference_batch.observability import logger, metrics, tracer
-from freeinference_batch.settings import get_settings
+from freeinference_batch.core.observability import logger, metrics, tracer
+from freeinference_batch.core.settings import get_settings
+from freeinference_batch.webhooks import status_events
 
 
 def handle_record(record: DynamoDBRecord) -> None:

@@ -15,9 +15,9 @@ from aws_lambda_powertools.utilities.batch import (
 )
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from freeinference_batch import webhook_delivery
-from freeinference_batch.observability import logger, metrics, tracer
-from freeinference_batch.settings import get_settings
+from freeinference_batch.core.observability import logger, metrics, tracer
+from freeinference_batch.core.settings import get_settings
+from freeinference_batch.webhooks import delivery
 
 
 class DeliveryWaits(Exception):
@@ -43,7 +43,7 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
 
         async def handle_record(record: SQSRecord) -> None:
             done = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                executor, webhook_delivery.handle_record, get_settings(), record.raw_event), budget)
+                executor, delivery.handle_record, get_settings(), record.raw_event), budget)
             if not done:
                 raise DeliveryWaits(record.message_id)
 

@@ -18,11 +18,11 @@ from aws_lambda_powertools.utilities.batch import (
 )
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from freeinference_batch import clock, upstream
-from freeinference_batch.observability import logger, metrics, tracer
-from freeinference_batch.settings import get_settings
+from freeinference_batch.core import clock
+from freeinference_batch.core.observability import logger, metrics, tracer
+from freeinference_batch.core.settings import get_settings
 from freeinference_batch.store.leases import Leases
-from freeinference_batch.worker import Done, InvocationState, Worker
+from freeinference_batch.worker import Done, InvocationState, Worker, upstream
 from freeinference_batch.worker.memory import RECORD_THREADS
 from freeinference_batch.worker.outcomes import publish_model_counts
 

@@ -9,7 +9,7 @@ has none: a record logged outside an invocation), any other line wrapped in a re
 (metrics_forward.py), as CloudWatch Logs makes metrics of it.
 
 The terminal gets, unless `verbose`, one readable line per batch status change (a record with
-`batch_status`, freeinference_batch.observability `log_status_change`; once per batch and
+`batch_status`, freeinference_batch.core.observability `log_status_change`; once per batch and
 status, as two chains starting together both log the move to in_progress) and one per ERROR
 record; with `verbose` it gets every line as the function wrote it, as before.
 """

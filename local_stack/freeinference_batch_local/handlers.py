@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from freeinference_batch.pages import LAMBDA_PAYLOAD_LIMIT
+from freeinference_batch.core.pages import LAMBDA_PAYLOAD_LIMIT
 
 from freeinference_batch_local.template import function_properties
 

@@ -79,7 +79,7 @@ def _exit_when_stdin_closes() -> None:
 
 def _notify_on_sqs_calls(frames: _Frames) -> None:
     try:
-        from freeinference_batch import aws
+        from freeinference_batch.core import aws
     except ImportError:  # a function of another code base: no service client to watch
         return
 

@@ -14,7 +14,7 @@ from pathlib import Path
 def write_catalog(repo: Path, directory: Path | str, concurrency: int, models: list[str] | None = None) -> Path:
     """The packaged catalog with `batch_concurrency` set to `concurrency` (for `models`, default
     all), written to `directory`/catalog.json: pass it as MODEL_CATALOG_PATH to the stack."""
-    catalog = json.loads((repo / "layers" / "batch_core" / "freeinference_batch" / "models.json").read_text())
+    catalog = json.loads((repo / "layers" / "batch_core" / "freeinference_batch" / "core" / "models.json").read_text())
     for name, model in catalog["models"].items():
         if models is None or name in models:
             model["batch_concurrency"] = concurrency
@@ -26,7 +26,7 @@ def write_catalog(repo: Path, directory: Path | str, concurrency: int, models: l
 def write_sized_template(repo: Path, directory: Path | str, concurrency: int, model: str) -> Path:
     """template.yaml with `model`'s block sized for a `batch_concurrency` of `concurrency`, written to
     `directory`/template.yaml: pass it to the stack with the catalog `write_catalog` writes."""
-    from freeinference_batch.catalog import ModelInfo
+    from freeinference_batch.core.catalog import ModelInfo
 
     info = ModelInfo(input_usd_per_million_tokens=0, output_usd_per_million_tokens=0, tiers=[],
                      batch_concurrency=concurrency)

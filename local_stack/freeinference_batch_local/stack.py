@@ -315,7 +315,7 @@ def template_environment(template: dict[str, Any], resources: TemplateResources)
 
 
 def _settings_env_names() -> set[str]:
-    from freeinference_batch.settings import Settings
+    from freeinference_batch.core.settings import Settings
 
     return {field.alias for field in Settings.model_fields.values() if field.alias}
 
@@ -484,7 +484,7 @@ class LocalStack:
         self._refresh_cached_config()
 
         from freeinference_batch import accounts
-        from freeinference_batch.settings import get_settings
+        from freeinference_batch.core.settings import get_settings
 
         self.dev_key = accounts.create_key(
             get_settings(), DEV_ACCOUNT_ID, tier="internal", key=os.environ.get(DEV_KEY_ENV) or None
@@ -599,12 +599,12 @@ class LocalStack:
         its call returns (runtime.py; `_start_pools` wakes the pollers for it) rather than the
         pool waking them when the invocation ends: a worker invocation runs chains for minutes
         and wakes other chains' messages meanwhile. In-process, the sends all go through the
-        shared client of freeinference_batch.aws, whose calls are hooked here."""
+        shared client of freeinference_batch.core.aws, whose calls are hooked here."""
         if self.isolated_functions:
             # The stream pollers then look every IDLE_SLEEP_SECONDS (0.25 s), about as often as
             # Lambda polls a stream: the functions' writes are in other processes.
             return
-        from freeinference_batch import aws
+        from freeinference_batch.core import aws
 
         events = aws.sqs().meta.events
         for operation in ("SendMessage", "SendMessageBatch", "ChangeMessageVisibility"):
@@ -675,8 +675,8 @@ class LocalStack:
                 ).start()
 
     def _start_timers(self) -> None:
-        from freeinference_batch import clock
-        from freeinference_batch.settings import get_settings
+        from freeinference_batch.core import clock
+        from freeinference_batch.core.settings import get_settings
 
         from freeinference_batch_local.pollers import ScheduleTimer
 
@@ -800,8 +800,8 @@ class LocalStack:
 
     @staticmethod
     def _refresh_cached_config() -> None:
-        from freeinference_batch import aws
-        from freeinference_batch.settings import get_settings
+        from freeinference_batch.core import aws
+        from freeinference_batch.core.settings import get_settings
 
         get_settings.cache_clear()
         aws.reset_clients()

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import pytest
 import requests
-from freeinference_batch import clock
+from freeinference_batch.core import clock
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_SECONDS = 60.0

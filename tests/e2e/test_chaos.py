@@ -34,8 +34,8 @@ import requests
 
 # tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
 from conftest import Api, StackProcess, wait_for
-from freeinference_batch import clock
-from freeinference_batch.catalog import NANO_PER_USD, Catalog, load_catalog
+from freeinference_batch.core import clock
+from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, load_catalog
 from freeinference_batch.store.accounts_table import usage_item_key
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch_local.upstream_sim import UpstreamSimulator

@@ -25,8 +25,8 @@ import pytest
 
 # tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
 from conftest import SHORT_TIMINGS, Api, StackProcess, launch_stack, wait_for
-from freeinference_batch import clock
-from freeinference_batch.catalog import NANO_PER_USD, load_catalog
+from freeinference_batch.core import clock
+from freeinference_batch.core.catalog import NANO_PER_USD, load_catalog
 from freeinference_batch.store.accounts_table import usage_item_key
 from freeinference_batch.store.batch_table import meta_key
 from freeinference_batch.store.dynamo import from_item

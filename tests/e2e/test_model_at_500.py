@@ -18,7 +18,7 @@ from pathlib import Path
 import boto3
 import requests
 from conftest import ADMIN_COMMAND, REPO, wait_for
-from freeinference_batch.catalog import ModelInfo
+from freeinference_batch.core.catalog import ModelInfo
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch.store.leases import account_slots_key, model_slots_key, slots_held
 from freeinference_batch_local.sizing import write_catalog, write_sized_template

@@ -13,9 +13,10 @@ from typing import Any
 import boto3
 import pytest
 from botocore.client import BaseClient
-from freeinference_batch import accounts, aws, clock
-from freeinference_batch.catalog import load_catalog
-from freeinference_batch.settings import Settings, get_settings
+from freeinference_batch import accounts
+from freeinference_batch.core import aws, clock
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.settings import Settings, get_settings
 from freeinference_batch_local import aws_limits, moto_expressions, moto_serialization, moto_transactions
 from freeinference_batch_local.apigw import build_event, invoke_integration, refuse_oversized_body
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root

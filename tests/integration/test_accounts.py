@@ -8,10 +8,11 @@ import time
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from freeinference_batch import accounts, aws, clock, errors
+from freeinference_batch import accounts
 from freeinference_batch.accounts import OwnerStatus
-from freeinference_batch.catalog import NANO_PER_USD
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws, clock, errors
+from freeinference_batch.core.catalog import NANO_PER_USD
+from freeinference_batch.core.settings import Settings
 from moto import mock_aws
 
 TABLE = "accounts-test"

@@ -10,9 +10,10 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from click.testing import CliRunner
-from freeinference_batch import accounts, aws
-from freeinference_batch.catalog import NANO_PER_USD
-from freeinference_batch.settings import Settings
+from freeinference_batch import accounts
+from freeinference_batch.core import aws
+from freeinference_batch.core.catalog import NANO_PER_USD
+from freeinference_batch.core.settings import Settings
 from freeinference_batch_client.cli import main, preflight
 from freeinference_batch_client.cli.admin import resolve_target
 from freeinference_batch_local.template import load_template

@@ -15,7 +15,8 @@ import re
 from typing import Any
 
 import pytest
-from freeinference_batch import accounts, clock
+from freeinference_batch import accounts
+from freeinference_batch.core import clock
 from freeinference_batch_local.handlers import load_module, repo_root
 
 from tests.integration.conftest import sample_request
@@ -374,7 +375,7 @@ def test_valid_edge_values_are_accepted(harness):
 
 def test_a_model_the_tier_may_not_use_reads_exactly_like_an_unknown_one(harness, tmp_path):
     # Given a catalog with a model only the standard tier may use
-    catalog = json.loads((repo_root() / "layers/batch_core/freeinference_batch/models.json").read_text())
+    catalog = json.loads((repo_root() / "layers/batch_core/freeinference_batch/core/models.json").read_text())
     catalog["models"]["hidden-model-x"] = {**catalog["models"]["glm-5.3-flash"], "tiers": ["standard"]}
     path = tmp_path / "models.json"
     path.write_text(json.dumps(catalog))

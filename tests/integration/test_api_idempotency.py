@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 
-from freeinference_batch import accounts, aws, idempotency
+from freeinference_batch import accounts
+from freeinference_batch.batches import idempotency
+from freeinference_batch.core import aws
 from freeinference_batch.store import accounts_table
 
 from tests.integration.conftest import capture_answers, sample_request

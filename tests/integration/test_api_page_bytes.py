@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import requests
-from freeinference_batch.pages import LAMBDA_PAYLOAD_LIMIT
+from freeinference_batch.core.pages import LAMBDA_PAYLOAD_LIMIT
 from freeinference_batch.store.batch_table import BatchTable
 
 from tests.integration.conftest import capture_answers, sample_request

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from freeinference_batch import schedules
+from freeinference_batch.ops import schedules
 
 from tests.integration.conftest import sample_request
 

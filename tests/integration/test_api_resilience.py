@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from freeinference_batch import batches, dispatch, schedules
+from freeinference_batch.batches import dispatch, operations
+from freeinference_batch.ops import schedules
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed
 from freeinference_batch_local.handlers import load_module, repo_root
@@ -22,7 +23,7 @@ def _one_worker_thread(monkeypatch):
 
 
 def queued_messages(harness) -> int:
-    from freeinference_batch import aws
+    from freeinference_batch.core import aws
 
     total = 0
     for url in harness.queues.values():
@@ -87,7 +88,7 @@ def conflict(*_args, **_kwargs):
 def test_a_create_conflict_is_503_with_retry_after_and_changes_nothing(harness, monkeypatch):
     harness.configure(BATCH_MAX_UNFINISHED=1)
     answers = capture_answers(harness)
-    monkeypatch.setattr(batches, "transact", conflict)
+    monkeypatch.setattr(operations, "transact", conflict)
     status, body = harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})
     assert status == 503, body
     assert body["error"]["code"] == "service_unavailable" and "try again" in body["error"]["message"].lower()
@@ -103,7 +104,7 @@ def test_a_failed_condition_other_than_the_limit_is_not_reported_as_the_limit(ha
     def meta_condition(*_args, **_kwargs):
         raise TransactionFailed(["ConditionalCheckFailed", "None"])
 
-    monkeypatch.setattr(batches, "transact", meta_condition)
+    monkeypatch.setattr(operations, "transact", meta_condition)
     status, body = harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})
     assert status == 503 and "unfinished" not in body["error"]["message"], body
 
@@ -111,17 +112,17 @@ def test_a_failed_condition_other_than_the_limit_is_not_reported_as_the_limit(ha
 def test_a_create_whose_commit_answer_was_lost_and_retried_keeps_its_batch(harness, monkeypatch):
     # Given a transaction that commits, but whose answer is lost, so that it is sent again (as
     # botocore does after a 5xx or a reset connection) and fails its own conditions
-    real_transact = batches.transact
+    real_transact = operations.transact
 
     def committed_then_retried(elements, **kwargs):
         real_transact(elements, **kwargs)
         raise TransactionFailed(["ConditionalCheckFailed", "ConditionalCheckFailed"])
 
-    monkeypatch.setattr(batches, "transact", committed_then_retried)
+    monkeypatch.setattr(operations, "transact", committed_then_retried)
     harness.configure(BATCH_MAX_UNFINISHED=1)
     # When the batch is created
     status, batch = harness.call("POST", "/v1/batches", {"requests": [sample_request("q-0")]})
-    monkeypatch.setattr(batches, "transact", real_transact)
+    monkeypatch.setattr(operations, "transact", real_transact)
     # Then it is answered as created, it is there, it holds the account's one unfinished slot,
     # and it runs
     assert status == 200, batch
@@ -135,7 +136,7 @@ def test_a_create_whose_commit_answer_was_lost_and_retried_keeps_its_batch(harne
 def test_cancel_and_delete_conflicts_are_503_with_retry_after(harness, monkeypatch, method, suffix):
     batch = harness.create([sample_request("q-0")])
     answers = capture_answers(harness)
-    monkeypatch.setattr(batches, "transact", conflict)
+    monkeypatch.setattr(operations, "transact", conflict)
     status, body = harness.call(method, f"/v1/batches/{batch['id']}{suffix}")
     assert status == 503, body
     assert answers[-1]["headers"]["Retry-After"] == "1"
@@ -145,7 +146,7 @@ def test_cancel_and_delete_conflicts_are_503_with_retry_after(harness, monkeypat
 
 def test_transact_reports_lasting_conflicts_as_transaction_conflict(monkeypatch):
     from botocore.exceptions import ClientError
-    from freeinference_batch import aws
+    from freeinference_batch.core import aws
     from freeinference_batch.store import dynamo
 
     class Conflicting:

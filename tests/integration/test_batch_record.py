@@ -3,8 +3,8 @@ of `BatchRecord` or one of the table's key and index attributes, at create and a
 
 from __future__ import annotations
 
-from freeinference_batch import aws
-from freeinference_batch.schemas import BatchStatus
+from freeinference_batch.core import aws
+from freeinference_batch.core.schemas import BatchStatus
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable, meta_key
 from freeinference_batch.store.dynamo import from_item

@@ -7,7 +7,7 @@ import copy
 import json
 from urllib.parse import urlsplit
 
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
 
 STATIC = repo_root() / "functions" / "console" / "static"

@@ -7,12 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from freeinference_batch import accounts, clock, schedules, worker
-from freeinference_batch import upstream as upstream_client
+from freeinference_batch import accounts, worker
+from freeinference_batch.core import clock
+from freeinference_batch.ops import schedules
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.store.runs import FLUSH_SECONDS, RunWrites
+from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch.worker.gates import OWNER_REUSE_SECONDS
 
 from tests.integration.conftest import sample_request

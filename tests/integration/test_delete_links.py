@@ -5,7 +5,8 @@ delete of a very large batch left."""
 from __future__ import annotations
 
 import requests
-from freeinference_batch import aws, batches
+from freeinference_batch.batches import operations
+from freeinference_batch.core import aws
 from freeinference_batch.store import batch_table
 
 from tests.integration.conftest import sample_request
@@ -54,7 +55,7 @@ def test_a_delete_goes_through_every_page_of_stored_responses(harness, monkeypat
 def test_a_delete_out_of_time_answers_and_leaves_the_rest_to_the_purge(harness, monkeypatch):
     # Given a delete with no time to spend on S3 (a batch of tens of thousands of stored responses)
     monkeypatch.setattr(batch_table, "S3_KEYS_PER_CALL", 2)
-    monkeypatch.setattr(batches, "DELETE_RESPONSES_SECONDS", 0.0)
+    monkeypatch.setattr(operations, "DELETE_RESPONSES_SECONDS", 0.0)
     batch_id, _ = linked_batch(harness, 5)
     # When it is deleted, it answers at once (the first page deleted), and the batch is gone
     assert harness.call("DELETE", f"/v1/batches/{batch_id}")[0] == 200

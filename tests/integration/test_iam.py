@@ -28,8 +28,10 @@ from typing import Any
 import boto3
 import pytest
 from botocore.client import BaseClient
-from freeinference_batch import accounts, aws, upstream
+from freeinference_batch import accounts
+from freeinference_batch.core import aws
 from freeinference_batch.store import batch_table
+from freeinference_batch.worker import upstream
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext, load_handler
 from freeinference_batch_local.pollers import failed_message_ids, sqs_record, stream_record
 from freeinference_batch_local.stack import TemplateResources
@@ -40,7 +42,7 @@ from tests.integration.conftest import sample_request
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
 PACKAGE = REPO / "layers" / "batch_core" / "freeinference_batch"
-MODELS = sorted(json.loads((PACKAGE / "models.json").read_text())["models"])
+MODELS = sorted(json.loads((PACKAGE / "core" / "models.json").read_text())["models"])
 
 # Grants the scenario does not exercise, each with why the code needs it: (function, action, resource).
 UNEXERCISED: dict[tuple[str, str, str], str] = {

@@ -4,7 +4,8 @@ settle writes its chain's item alone, and the sweep reads the chains back from t
 from __future__ import annotations
 
 import pytest
-from freeinference_batch import aws, worker
+from freeinference_batch import worker
+from freeinference_batch.core import aws
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import from_item, values
 

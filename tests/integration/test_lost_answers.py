@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 
 from tests.integration.conftest import sample_request
 from tests.integration.test_worker import meta_of, one_cost, usage_today

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.leases import Leases, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker

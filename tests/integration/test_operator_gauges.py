@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from freeinference_batch import operator_status
-from freeinference_batch.catalog import load_catalog
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.ops import operator_status
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.leases import Leases, SlotBlock, model_slots_key
 from freeinference_batch_local.handlers import LambdaContext, load_handler

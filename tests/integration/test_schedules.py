@@ -10,7 +10,8 @@ import os
 import threading
 
 import pytest
-from freeinference_batch import aws, worker
+from freeinference_batch import worker
+from freeinference_batch.core import aws
 from freeinference_batch_local.handlers import LambdaContext, load_handler, load_module, repo_root
 from freeinference_batch_local.pollers import sqs_record
 

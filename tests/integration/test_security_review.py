@@ -8,7 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
-from freeinference_batch.upstream import CREDENTIAL_REJECTED_METRIC
+from freeinference_batch.worker.upstream import CREDENTIAL_REJECTED_METRIC
 from freeinference_batch_client.cli import preflight
 from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 
 from tests.integration.conftest import sample_request
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from freeinference_batch.catalog import Catalog, ModelInfo
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.catalog import Catalog, ModelInfo
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.worker.memory import FUNCTION_MEMORY_MB
 from freeinference_batch_local.stack import TemplateResources
 from freeinference_batch_local.template import function_properties, load_template, resources_of_type
@@ -279,8 +279,8 @@ def test_sam_build_succeeds(tmp_path: Path, functions: dict[str, dict[str, Any]]
         assert (build_dir / logical_id / f"{module}.py").is_file(), f"{logical_id}: {module}.py not built"
     package = build_dir / "BatchCoreLayer" / "python" / "freeinference_batch"
     assert (package / "__init__.py").is_file()
-    assert (package / "settings.py").is_file()
-    assert (package / "models.json").is_file()
+    assert (package / "core" / "settings.py").is_file()
+    assert (package / "core" / "models.json").is_file()
     # The service only: the client side and the local stack are other packages, never shipped.
     for moved in ("local", "cli", "client.py", "openai_files.py"):
         assert not (package / moved).exists(), f"the built layer has freeinference_batch/{moved}"
@@ -431,7 +431,8 @@ def test_sqs_mappings_respect_concurrency_and_visibility(
 def test_each_model_has_its_own_queue_and_worker(
     template: dict[str, Any], functions: dict[str, dict[str, Any]]
 ) -> None:
-    catalog = Catalog.model_validate_json(resources.files("freeinference_batch").joinpath("models.json").read_text())
+    packaged = resources.files("freeinference_batch.core").joinpath("models.json")
+    catalog = Catalog.model_validate_json(packaged.read_text())
     names = TemplateResources(template, clients={})  # resolves names only: creates nothing
     prefix = names.resolve(template["Globals"]["Function"]["Environment"]["Variables"]["MODEL_QUEUE_URL_PREFIX"])
     settings = Settings(MODEL_QUEUE_URL_PREFIX=prefix)  # type: ignore[call-arg]
@@ -659,7 +660,7 @@ def test_the_upstream_timeout_fits_the_worker_invocation(template: dict[str, Any
 def test_the_dashboard_shows_the_per_model_metrics_the_workers_publish_beside_the_alarms(
     template: dict[str, Any]
 ) -> None:
-    from freeinference_batch.operator_status import BATCH_CAP_METRIC, SLOTS_HELD_METRIC
+    from freeinference_batch.ops.operator_status import BATCH_CAP_METRIC, SLOTS_HELD_METRIC
     from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
 
     (dashboard,) = resources_of_type(template, "AWS::CloudWatch::Dashboard").values()

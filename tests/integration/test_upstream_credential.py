@@ -14,8 +14,9 @@ from pathlib import Path
 
 import boto3
 import pytest
-from freeinference_batch import aws, upstream
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.settings import Settings
+from freeinference_batch.worker import upstream
 from freeinference_batch_local.stack import TemplateResources
 from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 from moto import mock_aws

@@ -6,8 +6,8 @@ then `upstream_error` with our message and an alarm's metric; the upstream's tex
 from __future__ import annotations
 
 import pytest
-from freeinference_batch.upstream import CREDENTIAL_REJECTED_METRIC
 from freeinference_batch.worker import runner
+from freeinference_batch.worker.upstream import CREDENTIAL_REJECTED_METRIC
 
 from tests.integration.conftest import sample_request
 

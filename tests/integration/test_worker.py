@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from freeinference_batch import aws, clock, dispatch, schedules
-from freeinference_batch import upstream as upstream_client
-from freeinference_batch.catalog import load_catalog
-from freeinference_batch.schemas import RequestMessage
+from freeinference_batch.batches import dispatch
+from freeinference_batch.core import aws, clock
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.schemas import RequestMessage
+from freeinference_batch.ops import schedules
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
@@ -26,6 +27,7 @@ from freeinference_batch.store.leases import (
     model_slots_key,
 )
 from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, InvocationState, Parked, Worker, gates
+from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch_local.upstream_sim import prompt_tokens, reply_for
 
 from tests.integration.conftest import sample_request

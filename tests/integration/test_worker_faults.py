@@ -14,12 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from botocore.exceptions import ClientError
-from freeinference_batch import accounts, aws, clock, schedules
-from freeinference_batch import upstream as upstream_client
-from freeinference_batch.catalog import load_catalog
+from freeinference_batch import accounts
+from freeinference_batch.core import aws, clock
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.ops import schedules
 from freeinference_batch.store import input_chunks
 from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, InvocationState, Parked, Worker, claims, runner
+from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
 
 from tests.integration.conftest import StubUpstream, sample_request

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from botocore.exceptions import ClientError
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 
 CONFLICT = json.dumps({"__type": "com.amazonaws.dynamodb.v20120810#TransactionConflictException",
                        "message": "Transaction is ongoing for the item"}).encode()

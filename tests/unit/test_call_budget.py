@@ -4,8 +4,8 @@ call may run, and when a chain hands over. Pure arithmetic, no AWS, no waiting."
 from __future__ import annotations
 
 import pytest
-from freeinference_batch.call_budget import Invocation, call_budget, longest_call, may_hand_over
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
+from freeinference_batch.worker.call_budget import Invocation, call_budget, longest_call, may_hand_over
 
 LAMBDA_CEILING = 900.0  # the workers' Timeout in model/template.yaml
 

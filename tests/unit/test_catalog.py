@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from freeinference_batch.catalog import Catalog, ModelInfo
+from freeinference_batch.core.catalog import Catalog, ModelInfo
 from pydantic import ValidationError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 from freeinference_batch.store import dynamo
 
 

@@ -60,7 +60,7 @@ HANDLER = textwrap.dedent(
                 print("x" * 200_000, flush=True)
                 print(json.dumps({"_aws": {"CloudWatchMetrics": []}}), flush=True)
             elif action == "send":
-                from freeinference_batch import aws
+                from freeinference_batch.core import aws
                 aws.sqs().send_message(QueueUrl=event["queue_url"], MessageBody="hello")
                 time.sleep(event.get("then_sleep", 0))
             return {"pid": os.getpid(), "calls": calls, "active": active, "function_name": context.function_name,

@@ -8,7 +8,7 @@ import ast
 import re
 from pathlib import Path
 
-from freeinference_batch import errors
+from freeinference_batch.core import errors
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "layers/batch_core/freeinference_batch"
@@ -94,7 +94,7 @@ def test_every_refusal_the_service_can_answer_is_in_the_guides_table():
 
 def test_every_way_a_request_can_be_wrong_is_in_the_guides_table():
     # validation._describe words the field at fault inside `requests[<i>] (custom_id ...): <...>`.
-    tree = ast.parse((PACKAGE / "validation.py").read_text())
+    tree = ast.parse((PACKAGE / "batches" / "validation.py").read_text())
     describe = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "_describe")
     row = next(message for status, code, message in table_rows() if "<what is wrong>" in message)
     returns = [parts for r in ast.walk(describe) if isinstance(r, ast.Return) and r.value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from freeinference_batch.schemas import CheckedRequest
+from freeinference_batch.core.schemas import CheckedRequest
 from freeinference_batch.store.input_chunks import ALONE_BYTES, RUN_TARGET_BYTES, header, pack, unpack
 
 

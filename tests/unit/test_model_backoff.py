@@ -1,6 +1,6 @@
 """AIMD of a model's batch cap (model_backoff.py), without AWS."""
 
-from freeinference_batch.model_backoff import Backoff, capped, lowered, raised
+from freeinference_batch.worker.model_backoff import Backoff, capped, lowered, raised
 
 
 def test_the_cap_bounds_the_capacity_only_while_backing_off():

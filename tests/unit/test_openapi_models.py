@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from freeinference_batch import schemas
+from freeinference_batch.core import schemas
 from freeinference_batch_client import client
 from pydantic import BaseModel
 

@@ -1,6 +1,6 @@
 """The operator status's arithmetic: a chain's backlog and the drain time."""
 
-from freeinference_batch.operator_status import chain_backlog, drain_seconds
+from freeinference_batch.ops.operator_status import chain_backlog, drain_seconds
 
 
 def test_a_chains_backlog_counts_its_own_positions_from_its_head():

@@ -5,9 +5,9 @@ single quotes as given, only control characters escaped, ids over 64 characters 
 from __future__ import annotations
 
 import pytest
-from freeinference_batch import validation
-from freeinference_batch.catalog import load_catalog
-from freeinference_batch.errors import BadRequest
+from freeinference_batch.batches import validation
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.errors import BadRequest
 
 
 def refusal(requests: list[dict]) -> str:

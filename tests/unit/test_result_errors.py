@@ -6,8 +6,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from freeinference_batch import views
-from freeinference_batch.schemas import BatchStatus
+from freeinference_batch.batches import views
+from freeinference_batch.core.schemas import BatchStatus
 from freeinference_batch.store.batch_record import BatchRecord
 
 BATCH_ID = "batch_0661c06624645981aee5cf6aa1916788"

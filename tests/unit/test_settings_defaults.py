@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
 from freeinference_batch_local.template import load_template
 
 REPO = Path(__file__).resolve().parents[2]

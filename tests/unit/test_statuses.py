@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from freeinference_batch.schemas import (
+from freeinference_batch.core.schemas import (
     FINAL_STATUSES,
     BatchObject,
     BatchStatus,

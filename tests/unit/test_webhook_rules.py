@@ -8,17 +8,17 @@ import time
 
 import openai
 import pytest
-from freeinference_batch import status_events, webhook_delivery, webhook_signing, webhook_urls
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
+from freeinference_batch.webhooks import delivery, signing, status_events, urls
 
 
-def resolving_to(*addresses: str) -> webhook_urls.Resolver:
+def resolving_to(*addresses: str) -> urls.Resolver:
     return lambda host, port: list(addresses)
 
 
-def check(url: str, *addresses: str, loopback: bool = False) -> webhook_urls.CheckedUrl:
+def check(url: str, *addresses: str, loopback: bool = False) -> urls.CheckedUrl:
     resolver = resolving_to(*(addresses or ["93.184.215.14"]))
-    return webhook_urls.check_url(url, allow_loopback_http=loopback, resolver=resolver)
+    return urls.check_url(url, allow_loopback_http=loopback, resolver=resolver)
 
 
 @pytest.mark.parametrize(("url", "addresses", "why"), [
@@ -45,7 +45,7 @@ def check(url: str, *addresses: str, loopback: bool = False) -> webhook_urls.Che
     ("https://hooks.example.com/#x", (), "fragment"),
 ])
 def test_refused_urls_say_why(url: str, addresses: tuple[str, ...], why: str) -> None:
-    with pytest.raises(webhook_urls.UrlRefused, match=why.replace(".", r"\.")):
+    with pytest.raises(urls.UrlRefused, match=why.replace(".", r"\.")):
         check(url, *addresses)
 
 
@@ -53,8 +53,8 @@ def test_a_name_that_does_not_resolve_is_refused() -> None:
     def fails(host: str, port: int) -> list[str]:
         raise OSError("no such name")
 
-    with pytest.raises(webhook_urls.UrlRefused, match="does not resolve"):
-        webhook_urls.check_url("https://nowhere.example/", allow_loopback_http=False, resolver=fails)
+    with pytest.raises(urls.UrlRefused, match="does not resolve"):
+        urls.check_url("https://nowhere.example/", allow_loopback_http=False, resolver=fails)
 
 
 def test_a_public_https_url_is_called_at_the_address_checked() -> None:
@@ -68,32 +68,32 @@ def test_the_local_setting_allows_loopback_http_and_nothing_else() -> None:
     assert check("http://127.0.0.1:9000/h", "127.0.0.1", loopback=True).address == "127.0.0.1"
     assert check("http://[::1]:9000/h", "::1", loopback=True).address == "::1"
     assert check("http://localhost:9000/h", "127.0.0.1", loopback=True).host == "localhost"
-    with pytest.raises(webhook_urls.UrlRefused, match="not a loopback address"):
+    with pytest.raises(urls.UrlRefused, match="not a loopback address"):
         check("http://localhost/h", "10.1.1.1", loopback=True)
-    with pytest.raises(webhook_urls.UrlRefused, match="must use https"):
+    with pytest.raises(urls.UrlRefused, match="must use https"):
         check("http://example.com/h", loopback=True)
 
 
 def test_every_delivery_is_verified_by_the_openai_package_with_either_secret_during_a_rotation() -> None:
     key = b"k" * 64
-    old = webhook_signing.derive_secret(key, "we_1", "n1")
-    new = webhook_signing.derive_secret(key, "we_1", "n2")
-    assert old != new and old.startswith("whsec_") and webhook_signing.derive_secret(key, "we_1", "n1") == old
-    body = webhook_delivery.event_body("evt_1", "batch.completed", "batch_x", 1_700_000_000)
-    headers = webhook_signing.signed_headers([new, old], "evt_1", int(time.time()), body)
+    old = signing.derive_secret(key, "we_1", "n1")
+    new = signing.derive_secret(key, "we_1", "n2")
+    assert old != new and old.startswith("whsec_") and signing.derive_secret(key, "we_1", "n1") == old
+    body = delivery.event_body("evt_1", "batch.completed", "batch_x", 1_700_000_000)
+    headers = signing.signed_headers([new, old], "evt_1", int(time.time()), body)
     for secret in (old, new):
         event = openai.OpenAI(api_key="x", webhook_secret=secret).webhooks.unwrap(body, headers)
         assert (event.type, event.id, event.data.id, event.object) == ("batch.completed", "evt_1", "batch_x", "event")
-    other = webhook_signing.derive_secret(b"another key", "we_1", "n2")
+    other = signing.derive_secret(b"another key", "we_1", "n2")
     with pytest.raises(openai.InvalidWebhookSignatureError):
         openai.OpenAI(api_key="x", webhook_secret=other).webhooks.unwrap(body, headers)
 
 
 def test_retry_delays_grow_exponentially_with_jitter_up_to_the_cap() -> None:
     settings = Settings(WEBHOOK_RETRY_BASE_SECONDS=30, WEBHOOK_RETRY_MAX_SECONDS=3600)
-    assert [webhook_delivery.retry_delay(settings, n, rng=lambda: 1.0) for n in (1, 2, 3, 8, 20)] == [
+    assert [delivery.retry_delay(settings, n, rng=lambda: 1.0) for n in (1, 2, 3, 8, 20)] == [
         30, 60, 120, 3600, 3600]
-    assert webhook_delivery.retry_delay(settings, 2, rng=lambda: 0.0) == 30  # half of 60 at least
+    assert delivery.retry_delay(settings, 2, rng=lambda: 0.0) == 30  # half of 60 at least
 
 
 def _image(status: str, **extra: object) -> dict:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from freeinference_batch import upstream
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
+from freeinference_batch.worker import upstream
 from freeinference_batch.worker.memory import (
     BASELINE_BYTES,
     FUNCTION_MEMORY_MB,

@@ -25,9 +25,10 @@ from typing import Any, TypeVar
 import boto3
 import click
 from botocore.exceptions import BotoCoreError, ClientError
-from freeinference_batch import accounts, aws, errors
-from freeinference_batch.catalog import NANO_PER_USD, load_catalog
-from freeinference_batch.settings import Settings
+from freeinference_batch import accounts
+from freeinference_batch.core import aws, errors
+from freeinference_batch.core.catalog import NANO_PER_USD, load_catalog
+from freeinference_batch.core.settings import Settings
 
 STACK_NAME_ENV = "FREEINFERENCE_STACK_NAME"
 LOCAL_STATE_PATH = Path(".local-stack") / "state.json"
@@ -320,8 +321,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     from the tables."""
     import time
 
-    from freeinference_batch import clock
-    from freeinference_batch.operator_status import operator_status, recent_counts
+    from freeinference_batch.core import clock
+    from freeinference_batch.ops.operator_status import operator_status, recent_counts
 
     settings = _settings(ctx)
     catalog = load_catalog()

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
-from freeinference_batch.catalog import load_catalog
+from freeinference_batch.core.catalog import load_catalog
 
 from freeinference_batch_client import openai_files
 from freeinference_batch_client.client import (

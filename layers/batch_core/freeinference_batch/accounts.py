@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from freeinference_batch import clock, errors
-from freeinference_batch.catalog import NANO_PER_USD, Catalog, load_catalog
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import clock, errors
+from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, load_catalog
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 
 KEY_PREFIX = "hyi-"

@@ -15,10 +15,13 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from botocore.exceptions import BotoCoreError, ClientError
 
-from freeinference_batch import accounts, aws, batches, results, webhooks
-from freeinference_batch.errors import ApiError, NotFound, ServiceUnavailable
-from freeinference_batch.observability import log_status_change, logger
-from freeinference_batch.settings import get_settings
+from freeinference_batch import accounts
+from freeinference_batch.batches import operations, results
+from freeinference_batch.core import aws
+from freeinference_batch.core.errors import ApiError, NotFound, ServiceUnavailable
+from freeinference_batch.core.observability import log_status_change, logger
+from freeinference_batch.core.settings import get_settings
+from freeinference_batch.webhooks import endpoints
 
 app = APIGatewayHttpResolver(strip_prefixes=[])
 
@@ -49,7 +52,7 @@ def _raw_body() -> bytes:
 def create_batch() -> Response:
     principal = _principal()
     headers = {name.lower(): value for name, value in (app.current_event.headers or {}).items()}
-    created = batches.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"),
+    created = operations.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"),
                                    headers.get("idempotency-key"))
     batch = created.batch
     if created.replayed:
@@ -63,26 +66,26 @@ def create_batch() -> Response:
 @app.get("/v1/batches")
 def list_batches() -> Response:
     principal = _principal()
-    limit = batches.parse_limit(_query("limit"), default=20, maximum=100)
-    return _json(200, batches.list_batches(get_settings(), principal, limit, _query("after")))
+    limit = operations.parse_limit(_query("limit"), default=20, maximum=100)
+    return _json(200, operations.list_batches(get_settings(), principal, limit, _query("after")))
 
 
 @app.get("/v1/batches/<batch_id>")
 def get_batch(batch_id: str) -> Response:
-    return _json(200, batches.get_batch(get_settings(), _principal(), batch_id))
+    return _json(200, operations.get_batch(get_settings(), _principal(), batch_id))
 
 
 @app.get("/v1/batches/<batch_id>/results")
 def get_results(batch_id: str) -> Response:
     principal = _principal()
-    limit = batches.parse_limit(_query("limit"), default=100, maximum=1000)
+    limit = operations.parse_limit(_query("limit"), default=100, maximum=1000)
     return _json(200, results.list_results(get_settings(), principal, batch_id, limit, _query("after")))
 
 
 @app.post("/v1/batches/<batch_id>/cancel")
 def cancel_batch(batch_id: str) -> Response:
     principal = _principal()
-    batch = batches.cancel_batch(get_settings(), principal, batch_id)
+    batch = operations.cancel_batch(get_settings(), principal, batch_id)
     logger.info("batch cancel", extra={"batch_id": batch_id, "status": batch["status"]})
     return _json(200, batch)
 
@@ -90,7 +93,7 @@ def cancel_batch(batch_id: str) -> Response:
 @app.delete("/v1/batches/<batch_id>")
 def delete_batch(batch_id: str) -> Response:
     principal = _principal()
-    answer = batches.delete_batch(get_settings(), principal, batch_id)  # logs the change itself
+    answer = operations.delete_batch(get_settings(), principal, batch_id)  # logs the change itself
     return _json(200, answer)
 
 
@@ -100,7 +103,7 @@ def delete_batch(batch_id: str) -> Response:
 @app.post("/v1/webhook_endpoints")
 def create_webhook_endpoint() -> Response:
     principal = _principal()
-    endpoint = webhooks.create_endpoint(get_settings(), principal, _raw_body())
+    endpoint = endpoints.create_endpoint(get_settings(), principal, _raw_body())
     logger.info("webhook endpoint created", extra={"endpoint_id": endpoint["id"], "account_id": principal.account_id})
     return _json(200, endpoint)
 
@@ -108,41 +111,41 @@ def create_webhook_endpoint() -> Response:
 @app.get("/v1/webhook_endpoints")
 def list_webhook_endpoints() -> Response:
     principal = _principal()
-    limit = batches.parse_limit(_query("limit"), default=20, maximum=100)
-    return _json(200, webhooks.list_endpoints(get_settings(), principal, limit, _query("after")))
+    limit = operations.parse_limit(_query("limit"), default=20, maximum=100)
+    return _json(200, endpoints.list_endpoints(get_settings(), principal, limit, _query("after")))
 
 
 @app.get("/v1/webhook_endpoints/<endpoint_id>")
 def get_webhook_endpoint(endpoint_id: str) -> Response:
-    return _json(200, webhooks.get_endpoint(get_settings(), _principal(), endpoint_id))
+    return _json(200, endpoints.get_endpoint(get_settings(), _principal(), endpoint_id))
 
 
 @app.post("/v1/webhook_endpoints/<endpoint_id>")
 def update_webhook_endpoint(endpoint_id: str) -> Response:
-    return _json(200, webhooks.update_endpoint(get_settings(), _principal(), endpoint_id, _raw_body()))
+    return _json(200, endpoints.update_endpoint(get_settings(), _principal(), endpoint_id, _raw_body()))
 
 
 @app.delete("/v1/webhook_endpoints/<endpoint_id>")
 def delete_webhook_endpoint(endpoint_id: str) -> Response:
-    answer = webhooks.delete_endpoint(get_settings(), _principal(), endpoint_id)
+    answer = endpoints.delete_endpoint(get_settings(), _principal(), endpoint_id)
     logger.info("webhook endpoint deleted", extra={"endpoint_id": endpoint_id})
     return _json(200, answer)
 
 
 @app.post("/v1/webhook_endpoints/<endpoint_id>/rotate_secret")
 def rotate_webhook_secret(endpoint_id: str) -> Response:
-    return _json(200, webhooks.rotate_secret(get_settings(), _principal(), endpoint_id, _raw_body()))
+    return _json(200, endpoints.rotate_secret(get_settings(), _principal(), endpoint_id, _raw_body()))
 
 
 @app.post("/v1/webhook_endpoints/<endpoint_id>/test")
 def test_webhook_endpoint(endpoint_id: str) -> Response:
-    return _json(200, webhooks.test_endpoint(get_settings(), _principal(), endpoint_id, _raw_body()))
+    return _json(200, endpoints.test_endpoint(get_settings(), _principal(), endpoint_id, _raw_body()))
 
 
 @app.get("/v1/webhook_event_types")
 def list_webhook_event_types() -> Response:
     _principal()
-    return _json(200, webhooks.event_types())
+    return _json(200, endpoints.event_types())
 
 
 @app.exception_handler(ApiError)

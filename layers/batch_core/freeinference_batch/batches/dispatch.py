@@ -13,9 +13,9 @@ import random
 import time
 from collections import defaultdict
 
-from freeinference_batch import aws
-from freeinference_batch.schemas import RequestMessage
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.schemas import RequestMessage
+from freeinference_batch.core.settings import Settings
 
 
 def send(settings: Settings, messages: list[RequestMessage], delay_seconds: int = 0) -> None:

@@ -19,8 +19,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from freeinference_batch.errors import BadRequest, UnprocessableEntity
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.errors import BadRequest, UnprocessableEntity
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 
 HEADER = "Idempotency-Key"

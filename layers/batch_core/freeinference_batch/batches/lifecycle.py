@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from freeinference_batch import accounts
-from freeinference_batch.observability import log_status_change
-from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.observability import log_status_change
+from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import PURGE_SHARD, BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact

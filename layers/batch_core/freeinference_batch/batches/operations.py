@@ -9,10 +9,12 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import accounts, clock, dispatch, idempotency, lifecycle, pages, validation, views
+from freeinference_batch import accounts
 from freeinference_batch.accounts import Principal
-from freeinference_batch.catalog import load_catalog
-from freeinference_batch.errors import (
+from freeinference_batch.batches import dispatch, idempotency, lifecycle, validation, views
+from freeinference_batch.core import clock, pages
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.errors import (
     BadRequest,
     Conflict,
     Forbidden,
@@ -21,9 +23,9 @@ from freeinference_batch.errors import (
     TooManyRequests,
     busy,
 )
-from freeinference_batch.observability import log_status_change, logger
-from freeinference_batch.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.observability import log_status_change, logger
+from freeinference_batch.core.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import input_chunks
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key

@@ -5,12 +5,13 @@ from __future__ import annotations
 import bisect
 import re
 
-from freeinference_batch import pages, views
 from freeinference_batch.accounts import Principal
-from freeinference_batch.batches import owned_meta
-from freeinference_batch.errors import BadRequest
-from freeinference_batch.schemas import Page, RequestStatus, ResultResponse
-from freeinference_batch.settings import Settings
+from freeinference_batch.batches import views
+from freeinference_batch.batches.operations import owned_meta
+from freeinference_batch.core import pages
+from freeinference_batch.core.errors import BadRequest
+from freeinference_batch.core.schemas import Page, RequestStatus, ResultResponse
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from freeinference_batch.catalog import Catalog, is_auto_model
-from freeinference_batch.errors import BadRequest
-from freeinference_batch.schemas import BatchRequestLine, CheckedRequest, CreateBatchDict, CreateBatchEnvelope
+from freeinference_batch.core.catalog import Catalog, is_auto_model
+from freeinference_batch.core.errors import BadRequest
+from freeinference_batch.core.schemas import BatchRequestLine, CheckedRequest, CreateBatchDict, CreateBatchEnvelope
 
 _lines = TypeAdapter(list[BatchRequestLine])
 _create_body = TypeAdapter(CreateBatchDict)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from freeinference_batch.catalog import NANO_PER_USD
-from freeinference_batch.schemas import BatchObject, BatchStatus, RequestCounts, RequestStatus, ResultLine
+from freeinference_batch.core.catalog import NANO_PER_USD
+from freeinference_batch.core.schemas import BatchObject, BatchStatus, RequestCounts, RequestStatus, ResultLine
 from freeinference_batch.store.batch_record import BatchRecord
 
 NOT_STARTED = {

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from freeinference_batch.catalog import queue_suffix
+from freeinference_batch.core.catalog import queue_suffix
 
 
 class Settings(BaseSettings):

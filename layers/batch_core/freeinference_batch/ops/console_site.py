@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 
 INDEX_FILE = "index.html"
 FILES_PREFIX = "/console/"

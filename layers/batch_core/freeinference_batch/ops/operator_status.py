@@ -17,15 +17,16 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
-from freeinference_batch import aws, model_backoff
-from freeinference_batch.catalog import NANO_PER_USD, Catalog, ModelInfo
-from freeinference_batch.clock import utc_day
-from freeinference_batch.observability import metrics
-from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, ModelInfo
+from freeinference_batch.core.clock import utc_day
+from freeinference_batch.core.observability import metrics
+from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_table import BatchTable, batch_id_of
 from freeinference_batch.store.leases import Leases, live_slots, model_slots_key
+from freeinference_batch.worker import model_backoff
 from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
 
 WINDOWS_MINUTES = (5, 60)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from freeinference_batch import clock, dispatch, lifecycle, operator_status
-from freeinference_batch.catalog import load_catalog
-from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage, RequestStatus
-from freeinference_batch.settings import Settings
+from freeinference_batch.batches import dispatch, lifecycle
+from freeinference_batch.core import clock
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.schemas import RequestMessage, RequestStatus
+from freeinference_batch.core.settings import Settings
+from freeinference_batch.ops import operator_status
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
 from freeinference_batch.store.dynamo import TransactionFailed, transact

@@ -24,14 +24,14 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import aws
-from freeinference_batch.model_backoff import Backoff
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.dynamo import from_item as _from_item
 from freeinference_batch.store.dynamo import is_conditional_failure as _is_conditional_failure
 from freeinference_batch.store.dynamo import key as _key
 from freeinference_batch.store.dynamo import to_attr as _attr
+from freeinference_batch.worker.model_backoff import Backoff
 
 KEY_SK = "KEY"
 ACCOUNT_SK = "ACCOUNT"

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from freeinference_batch.schemas import BatchStatus
+from freeinference_batch.core.schemas import BatchStatus
 
 
 class BatchRecord(BaseModel):

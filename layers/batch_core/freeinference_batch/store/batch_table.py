@@ -36,8 +36,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import aws
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import input_chunks
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import (

@@ -12,7 +12,7 @@ from typing import Any
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from freeinference_batch import aws
+from freeinference_batch.core import aws
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from freeinference_batch.schemas import CheckedRequest
+from freeinference_batch.core.schemas import CheckedRequest
 
 # About this much JSON per run, and never a compressed run over the item budget (DynamoDB items
 # stop at 400 KB; the rest of the item and its keys need room too).

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import aws, clock
-from freeinference_batch.observability import logger
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws, clock
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.dynamo import from_item, is_conditional_failure, key, values
 
 # The slots items' sort key (`SLOTS` held the form before blocks: one entry per slot, no count).

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from freeinference_batch import clock
-from freeinference_batch.schemas import FINAL_STATUSES, BatchStatus, RequestMessage, RequestStatus
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import clock
+from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus, RequestMessage, RequestStatus
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable

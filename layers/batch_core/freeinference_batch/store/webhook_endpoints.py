@@ -20,8 +20,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
-from freeinference_batch import aws
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.dynamo import (
     TransactionConflict,
     TransactionFailed,

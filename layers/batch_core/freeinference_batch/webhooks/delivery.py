@@ -1,7 +1,7 @@
 """Delivering webhook events: one SQS message per (event, endpoint), retried until delivered.
 
 An attempt reads the endpoint (consistently: a deleted endpoint's pending deliveries stop at
-their next attempt, a rotation applies at once), checks its URL again (webhook_urls.py: the
+their next attempt, a rotation applies at once), checks its URL again (urls.py: the
 address it resolves to now, which is the one called), signs the body with a fresh timestamp
 and the same `webhook-id` as every other attempt, and posts it with a timeout and no redirects.
 
@@ -25,11 +25,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from freeinference_batch import aws, clock, webhook_signing, webhook_urls
-from freeinference_batch.observability import logger
-from freeinference_batch.schemas import WebhookDeliveryMessage, WebhookEvent, WebhookEventData, WebhookEventType
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws, clock
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.schemas import WebhookDeliveryMessage, WebhookEvent, WebhookEventData, WebhookEventType
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.webhook_endpoints import EndpointRecord, WebhookEndpoints
+from freeinference_batch.webhooks import signing, urls
 
 # SQS refuses a visibility timeout over 12 h from the message's receive: a wait is cut to what
 # is left of that (WEBHOOK_RETRY_MAX_SECONDS is bounded below it).
@@ -45,24 +46,24 @@ def event_body(event_id: str, event_type: str, batch_id: str, created_at: int) -
 def signing_secrets(settings: Settings, endpoint: EndpointRecord, now: float) -> list[str]:
     """The secrets an attempt is signed with now: the current one, and the previous one while a
     rotation's overlap lasts."""
-    key = webhook_signing.signing_key(settings)
-    secrets = [webhook_signing.derive_secret(key, endpoint.id, endpoint.secret_nonce)]
+    key = signing.signing_key(settings)
+    secrets = [signing.derive_secret(key, endpoint.id, endpoint.secret_nonce)]
     if endpoint.previous_secret_nonce and (endpoint.previous_secret_until or 0) > now:
-        secrets.append(webhook_signing.derive_secret(key, endpoint.id, endpoint.previous_secret_nonce))
+        secrets.append(signing.derive_secret(key, endpoint.id, endpoint.previous_secret_nonce))
     return secrets
 
 
 def attempt(settings: Settings, endpoint: EndpointRecord, event_id: str, body: bytes,
-            resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> webhook_urls.Answer:
+            resolver: urls.Resolver = urls.system_resolver) -> urls.Answer:
     """One signed POST of `body` to the endpoint, its URL checked again first."""
     now = clock.now(settings.clock_offset_file)
     try:
-        checked = webhook_urls.check_url(endpoint.url, allow_loopback_http=settings.webhook_allow_loopback_http,
+        checked = urls.check_url(endpoint.url, allow_loopback_http=settings.webhook_allow_loopback_http,
                                          resolver=resolver)
-    except webhook_urls.UrlRefused as refused:
-        return webhook_urls.Answer(status=None, failure=f"the URL is refused: {refused}")
-    headers = webhook_signing.signed_headers(signing_secrets(settings, endpoint, now), event_id, int(now), body)
-    return webhook_urls.post(checked, body, headers, settings.webhook_timeout_seconds)
+    except urls.UrlRefused as refused:
+        return urls.Answer(status=None, failure=f"the URL is refused: {refused}")
+    headers = signing.signed_headers(signing_secrets(settings, endpoint, now), event_id, int(now), body)
+    return urls.post(checked, body, headers, settings.webhook_timeout_seconds)
 
 
 def retry_delay(settings: Settings, attempts: int, rng: Callable[[], float] = random.random) -> float:
@@ -85,7 +86,7 @@ class Verdict:
 
 
 def deliver(settings: Settings, message: WebhookDeliveryMessage, receive_count: int,
-            resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> Verdict:
+            resolver: urls.Resolver = urls.system_resolver) -> Verdict:
     """One attempt of one event to one endpoint, and what follows from it."""
     endpoints = WebhookEndpoints(settings)
     endpoint = endpoints.get(message.account_id, message.endpoint_id)
@@ -114,7 +115,7 @@ def deliver(settings: Settings, message: WebhookDeliveryMessage, receive_count: 
 
 
 def handle_record(settings: Settings, record: dict,
-                  resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> bool:
+                  resolver: urls.Resolver = urls.system_resolver) -> bool:
     """One SQS record of the delivery queue: True when it is done with (delivered, dropped or
     dead-lettered), False when it waits on the queue for its next attempt (its visibility is set)."""
     message = WebhookDeliveryMessage.model_validate_json(record["body"])

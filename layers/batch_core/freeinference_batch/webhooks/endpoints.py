@@ -4,7 +4,7 @@ rotate_secret, test, event_types.list).
 
 Accounts that may create batches manage endpoints (others get create's 403), at most
 `WEBHOOK_MAX_ENDPOINTS` each; another account's endpoint is a 404, as with batches. The URL
-rules are webhook_urls.py's, the secret webhook_signing.py's, the deliveries webhook_delivery.py's.
+rules are urls.py's, the secret signing.py's, the deliveries delivery.py's.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from freeinference_batch import clock, webhook_delivery, webhook_signing, webhook_urls
 from freeinference_batch.accounts import Principal
-from freeinference_batch.catalog import load_catalog
-from freeinference_batch.errors import BadRequest, Forbidden, NotFound, busy
-from freeinference_batch.schemas import (
+from freeinference_batch.core import clock
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.errors import BadRequest, Forbidden, NotFound, busy
+from freeinference_batch.core.schemas import (
     DeletedWebhookEndpoint,
     WebhookCreateBody,
     WebhookEndpoint,
@@ -33,9 +33,10 @@ from freeinference_batch.schemas import (
     WebhookTestBody,
     WebhookUpdateBody,
 )
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.dynamo import TransactionConflict
 from freeinference_batch.store.webhook_endpoints import EndpointRecord, TooManyEndpoints, WebhookEndpoints
+from freeinference_batch.webhooks import delivery, signing, urls
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -85,10 +86,10 @@ def _event_types(given: list[str]) -> list[str]:
     return list(dict.fromkeys(given))
 
 
-def _checked_url(settings: Settings, url: str, resolver: webhook_urls.Resolver) -> str:
+def _checked_url(settings: Settings, url: str, resolver: urls.Resolver) -> str:
     try:
-        webhook_urls.check_url(url, allow_loopback_http=settings.webhook_allow_loopback_http, resolver=resolver)
-    except webhook_urls.UrlRefused as refused:
+        urls.check_url(url, allow_loopback_http=settings.webhook_allow_loopback_http, resolver=resolver)
+    except urls.UrlRefused as refused:
         raise BadRequest(f"The webhook URL is refused: {refused}", param="url") from None
     return url
 
@@ -114,17 +115,17 @@ def _owned(settings: Settings, principal: Principal, endpoint_id: str) -> Endpoi
 
 
 def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
-                    resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> dict:
+                    resolver: urls.Resolver = urls.system_resolver) -> dict:
     _may_manage(settings, principal)
     body = _body(raw, WebhookCreateBody)
     event_types = _event_types(body.event_types)
     url = _checked_url(settings, body.url, resolver)
     now = clock.now(settings.clock_offset_file)
-    endpoint_id, nonce = new_endpoint_id(now), webhook_signing.new_nonce()
-    secret = webhook_signing.derive_secret(webhook_signing.signing_key(settings), endpoint_id, nonce)
+    endpoint_id, nonce = new_endpoint_id(now), signing.new_nonce()
+    secret = signing.derive_secret(signing.signing_key(settings), endpoint_id, nonce)
     record = EndpointRecord(id=endpoint_id, account_id=principal.account_id, url=url, name=body.name,
                             event_types=event_types, created_at=int(now), updated_at=int(now), secret_nonce=nonce,
-                            secret_hint=webhook_signing.secret_hint(secret), write_token=secrets.token_hex(8))
+                            secret_hint=signing.secret_hint(secret), write_token=secrets.token_hex(8))
     try:
         WebhookEndpoints(settings).create(record, settings.webhook_max_endpoints)
     except TooManyEndpoints:
@@ -154,7 +155,7 @@ def get_endpoint(settings: Settings, principal: Principal, endpoint_id: str) -> 
 
 
 def update_endpoint(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes,
-                    resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> dict:
+                    resolver: urls.Resolver = urls.system_resolver) -> dict:
     record = _owned(settings, principal, endpoint_id)
     body = _body(raw, WebhookUpdateBody)
     fields: dict[str, object] = {}
@@ -189,11 +190,11 @@ def rotate_secret(settings: Settings, principal: Principal, endpoint_id: str, ra
     record = _owned(settings, principal, endpoint_id)
     body = _body(raw, WebhookRotateSecretBody)
     now = clock.now(settings.clock_offset_file)
-    nonce = webhook_signing.new_nonce()
-    secret = webhook_signing.derive_secret(webhook_signing.signing_key(settings), endpoint_id, nonce)
+    nonce = signing.new_nonce()
+    secret = signing.derive_secret(signing.signing_key(settings), endpoint_id, nonce)
     until = now + OLD_SECRET_OVERLAP_SECONDS if body.keep_old_secret_active_for_24_hours else None
     rotated = WebhookEndpoints(settings).rotate(principal.account_id, endpoint_id, record.secret_nonce, nonce,
-                                                webhook_signing.secret_hint(secret), until, int(now))
+                                                signing.secret_hint(secret), until, int(now))
     if rotated is None:
         # Gone meanwhile, or another rotation won: only the first is not found.
         _owned(settings, principal, endpoint_id)
@@ -202,7 +203,7 @@ def rotate_secret(settings: Settings, principal: Principal, endpoint_id: str, ra
 
 
 def test_endpoint(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes,
-                  resolver: webhook_urls.Resolver = webhook_urls.system_resolver) -> dict:
+                  resolver: urls.Resolver = urls.system_resolver) -> dict:
     """Send one signed test event now and answer the receiver's status code. A delivery that got
     no HTTP answer (a refused connection, no answer within the timeout, a URL refused now) is a
     400 saying which: OpenAI's test result has no place for "no status"."""
@@ -211,8 +212,8 @@ def test_endpoint(settings: Settings, principal: Principal, endpoint_id: str, ra
     event_type = _event_types([body.event_type])[0]
     now = int(clock.now(settings.clock_offset_file))
     event_id = "evt_test_" + secrets.token_hex(12)
-    answer = webhook_delivery.attempt(settings, record, event_id,
-                                      webhook_delivery.event_body(event_id, event_type, TEST_BATCH_ID, now), resolver)
+    answer = delivery.attempt(settings, record, event_id,
+                                      delivery.event_body(event_id, event_type, TEST_BATCH_ID, now), resolver)
     if answer.status is None:
         raise BadRequest(f"The test delivery got no answer: {answer.failure}", code="webhook_test_failed")
     return WebhookEndpointTestResult(webhook_endpoint_id=endpoint_id, event_type=WebhookEventType(event_type),

@@ -19,8 +19,8 @@ import hashlib
 import hmac
 import secrets
 
-from freeinference_batch import aws
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.settings import Settings
 
 SECRET_PREFIX = "whsec_"
 

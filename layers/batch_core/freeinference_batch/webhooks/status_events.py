@@ -20,15 +20,16 @@ import hashlib
 import json
 from typing import Any
 
-from freeinference_batch import aws, clock, views
-from freeinference_batch.schemas import (
+from freeinference_batch.batches import views
+from freeinference_batch.core import aws, clock
+from freeinference_batch.core.schemas import (
     FINAL_STATUSES,
     BatchStatus,
     BatchStatusChange,
     WebhookDeliveryMessage,
     WebhookEventType,
 )
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch.store.webhook_endpoints import WebhookEndpoints

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@ request, and moving the chain on when a request settles."""
 
 from __future__ import annotations
 
-from freeinference_batch import dispatch, lifecycle
-from freeinference_batch.schemas import RequestMessage, RequestStatus
-from freeinference_batch.settings import Settings
+from freeinference_batch.batches import dispatch, lifecycle
+from freeinference_batch.core.schemas import RequestMessage, RequestStatus
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 

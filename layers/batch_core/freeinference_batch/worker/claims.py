@@ -7,15 +7,16 @@ from __future__ import annotations
 import random
 import uuid
 
-from freeinference_batch import fairness, lifecycle, validation
-from freeinference_batch.observability import log_status_change, logger
-from freeinference_batch.schemas import BatchStatus, RequestMessage, RequestStatus
-from freeinference_batch.settings import Settings
+from freeinference_batch.batches import lifecycle, validation
+from freeinference_batch.core.observability import log_status_change, logger
+from freeinference_batch.core.schemas import BatchStatus, RequestMessage, RequestStatus
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, entry_expiry, new_run, slots_held
 from freeinference_batch.store.runs import RunWrites, Tally
+from freeinference_batch.worker import fairness
 from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiting_since
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric

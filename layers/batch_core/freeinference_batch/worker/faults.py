@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.settings import Settings
 
 
 class SimulatedCrash(BaseException):

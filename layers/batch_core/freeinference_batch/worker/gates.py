@@ -6,16 +6,19 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from freeinference_batch import accounts, clock, lifecycle, model_backoff
-from freeinference_batch.catalog import Catalog
-from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage
-from freeinference_batch.settings import Settings
+from freeinference_batch import accounts
+from freeinference_batch.batches import lifecycle
+from freeinference_batch.core import clock
+from freeinference_batch.core.catalog import Catalog
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.schemas import RequestMessage
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable, meta_key, record_of
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import account_slots_key, model_slots_key
+from freeinference_batch.worker import model_backoff
 
 
 @dataclass

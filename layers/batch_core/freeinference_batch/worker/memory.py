@@ -23,10 +23,10 @@ import functools
 import threading
 from types import TracebackType
 
-from freeinference_batch.catalog import MAX_WORKER_BATCH_SIZE
+from freeinference_batch.core.catalog import MAX_WORKER_BATCH_SIZE
 from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
 from freeinference_batch.store.input_chunks import ALONE_BYTES
-from freeinference_batch.upstream import MAX_RESPONSE_BYTES
+from freeinference_batch.worker.upstream import MAX_RESPONSE_BYTES
 
 MIB = 1024 * 1024
 # Records an invocation runs side by side: at most a full SQS batch, whose size follows from the

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import model_backoff, upstream
-from freeinference_batch.catalog import Catalog
-from freeinference_batch.observability import logger
-from freeinference_batch.settings import Settings
+from freeinference_batch.core.catalog import Catalog
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
+from freeinference_batch.worker import model_backoff, upstream
 from freeinference_batch.worker.outcomes import Claimed, metric
 
 

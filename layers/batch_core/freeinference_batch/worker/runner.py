@@ -41,16 +41,18 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from freeinference_batch import clock, dispatch, upstream
-from freeinference_batch.call_budget import Invocation, call_budget
-from freeinference_batch.catalog import load_catalog
-from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage
-from freeinference_batch.settings import Settings
+from freeinference_batch.batches import dispatch
+from freeinference_batch.core import clock
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.schemas import RequestMessage
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.leases import Leases, SlotBlocks
 from freeinference_batch.store.runs import RunWrites
+from freeinference_batch.worker import upstream
+from freeinference_batch.worker.call_budget import Invocation, call_budget
 from freeinference_batch.worker.chains import Chains, waiting_since
 from freeinference_batch.worker.claims import Claims
 from freeinference_batch.worker.faults import maybe_crash

@@ -12,18 +12,19 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from freeinference_batch import dispatch, upstream
-from freeinference_batch.call_budget import Invocation, may_hand_over
-from freeinference_batch.catalog import Catalog
-from freeinference_batch.fairness import fair_shares, keeps_slot, live_waiters
-from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage, RequestStatus
-from freeinference_batch.settings import Settings
+from freeinference_batch.batches import dispatch
+from freeinference_batch.core.catalog import Catalog
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.schemas import RequestMessage, RequestStatus
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
 from freeinference_batch.store.leases import Leases, SlotBlock, slots_held
 from freeinference_batch.store.runs import RunWrites
+from freeinference_batch.worker import upstream
+from freeinference_batch.worker.call_budget import Invocation, may_hand_over
 from freeinference_batch.worker.chains import Chains, remaining
+from freeinference_batch.worker.fairness import fair_shares, keeps_slot, live_waiters
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
 from freeinference_batch.worker.outcomes import Claimed, Done, Leave, Parked, count_settled, metric
 from freeinference_batch.worker.overload import adjust_model_cap

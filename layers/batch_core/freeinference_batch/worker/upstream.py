@@ -13,10 +13,10 @@ from typing import Any, Literal
 import requests
 import urllib3
 
-from freeinference_batch import aws
-from freeinference_batch.call_budget import CallBudget
-from freeinference_batch.observability import logger
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.settings import Settings
+from freeinference_batch.worker.call_budget import CallBudget
 
 _local = threading.local()
 

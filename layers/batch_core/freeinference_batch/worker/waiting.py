@@ -8,15 +8,15 @@ import random
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import aws
-from freeinference_batch.fairness import live_waiters
-from freeinference_batch.observability import logger
-from freeinference_batch.schemas import RequestMessage
-from freeinference_batch.settings import Settings
+from freeinference_batch.core import aws
+from freeinference_batch.core.observability import logger
+from freeinference_batch.core.schemas import RequestMessage
+from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import Leases, Waiter, chain_slots_keys, slots_held
 from freeinference_batch.worker.chains import Chains, remaining, waiter_id, waiting_since
+from freeinference_batch.worker.fairness import live_waiters
 from freeinference_batch.worker.outcomes import Parked, metric
 
 # A slot wait re-checks after a short, jittered pause; a registered waiter is woken when a slot
