@@ -37,7 +37,7 @@ from freeinference_batch_local.pollers import failed_message_ids, sqs_record, st
 from freeinference_batch_local.stack import TemplateResources
 from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"

@@ -9,7 +9,7 @@ from freeinference_batch_local import moto_expressions
 from moto import mock_aws
 from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 
-from tests.unit.moto_tables import KEY, create_keyed_table
+from tests.local_stack.moto_tables import KEY, create_keyed_table
 
 UPDATES = [
     ("SET #s = :v, n = :n ADD c :one", {":v": {"S": "running"}, ":n": {"N": "1"}, ":one": {"N": "1"}}),

@@ -12,7 +12,7 @@ import pytest
 from freeinference_batch_local import moto_serialization
 from moto import mock_aws
 
-from tests.unit.moto_tables import KEY, create_keyed_table
+from tests.local_stack.moto_tables import KEY, create_keyed_table
 
 EVERY_TYPE = {
     "pk": {"S": "p"}, "sk": {"S": "s"},

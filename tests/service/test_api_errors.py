@@ -19,7 +19,7 @@ from freeinference_batch import accounts
 from freeinference_batch.core import clock
 from freeinference_batch_local.handlers import load_module, repo_root
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 SPEC_EXAMPLE_MESSAGE = "requests[1] (custom_id 'q-2'): Model 'no-such-model' not found"
 # The batch object of the spec's "Create a batch" answer: every field, in the spec's order.

@@ -9,7 +9,7 @@ import requests
 from freeinference_batch.core.pages import LAMBDA_PAYLOAD_LIMIT
 from freeinference_batch.store.batch_table import BatchTable
 
-from tests.integration.conftest import capture_answers, sample_request
+from tests.conftest import capture_answers, sample_request
 
 # Non-ASCII text, inside and outside the BMP: 6 and 12 bytes a character once JSON-escaped.
 TEXT = "Ünïcödé «quoted» \"text\" \\ 😀 "

@@ -6,7 +6,7 @@ import re
 
 from freeinference_batch.ops import schedules
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 
 def create_many(harness, count: int, key: str | None = None, **extra) -> list[str]:

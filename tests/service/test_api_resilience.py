@@ -12,7 +12,7 @@ from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed
 from freeinference_batch_local.handlers import load_module, repo_root
 
-from tests.integration.conftest import capture_answers, sample_request
+from tests.conftest import capture_answers, sample_request
 
 
 @pytest.fixture(autouse=True)

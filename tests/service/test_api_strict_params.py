@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 LIMITS = ["1_0", " +5 ", "+5", "5 ", "\u0661\u0660", "\uff15", "", "5\n", "0x10", "1e2", "-1"]
 

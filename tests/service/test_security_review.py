@@ -12,7 +12,7 @@ from freeinference_batch.worker.upstream import CREDENTIAL_REJECTED_METRIC
 from freeinference_batch_client.cli import preflight
 from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 REPO = Path(__file__).resolve().parents[2]
 

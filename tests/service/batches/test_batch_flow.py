@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 
 def test_batch_runs_to_completion_and_results_come_back_in_order(harness):

@@ -9,9 +9,9 @@ from freeinference_batch.batches import operations
 from freeinference_batch.core import aws
 from freeinference_batch.store import batch_table
 
-from tests.integration.conftest import sample_request
-from tests.integration.test_api_page_bytes import completion, store_completed
-from tests.integration.test_schedules import run_schedule
+from tests.conftest import sample_request
+from tests.service.ops.test_schedules import run_schedule
+from tests.service.test_api_page_bytes import completion, store_completed
 
 
 def stored_responses(harness, batch_id: str) -> list[str]:

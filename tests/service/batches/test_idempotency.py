@@ -10,7 +10,7 @@ from freeinference_batch.batches import idempotency
 from freeinference_batch.core import aws
 from freeinference_batch.store import accounts_table
 
-from tests.integration.conftest import capture_answers, sample_request
+from tests.conftest import capture_answers, sample_request
 
 BODY = {"requests": [sample_request("q-0"), sample_request("q-1")], "metadata": {"job": "j-1"}}
 

@@ -20,7 +20,7 @@ from freeinference_batch.core.schemas import (
 from freeinference_batch.store import dynamo
 from pydantic import ValidationError
 
-SPEC = yaml.safe_load((Path(__file__).resolve().parents[2] / "openapi.yaml").read_text())
+SPEC = yaml.safe_load((Path(__file__).resolve().parents[3] / "openapi.yaml").read_text())
 
 
 def test_the_statuses_shown_are_the_specs():

@@ -11,7 +11,7 @@ import pytest
 from freeinference_batch.core.settings import Settings
 from freeinference_batch_local.template import load_template
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TEMPLATES = [REPO / "template.yaml", REPO / "model/template.yaml"]
 
 

@@ -15,7 +15,7 @@ from freeinference_batch.core import aws
 from freeinference_batch_local.handlers import LambdaContext, load_handler, load_module, repo_root
 from freeinference_batch_local.pollers import sqs_record
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 EVENTS = repo_root() / "events"
 FINAL = ("completed", "failed", "expired", "cancelled")

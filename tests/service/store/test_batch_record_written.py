@@ -9,7 +9,7 @@ from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable, meta_key
 from freeinference_batch.store.dynamo import from_item
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 # How the table finds a batch (keys of the table and its indexes): deliberately not fields.
 KEY_ATTRIBUTES = {"pk", "sk", "created_key", "open_shard", "purge_shard"}

@@ -17,9 +17,9 @@ from freeinference_batch.store.runs import FLUSH_SECONDS, RunWrites
 from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch.worker.gates import OWNER_REUSE_SECONDS
 
-from tests.integration.conftest import sample_request
-from tests.integration.test_schedules import position_of, take_messages
-from tests.integration.test_worker import (
+from tests.conftest import sample_request
+from tests.service.ops.test_schedules import position_of, take_messages
+from tests.service.worker.test_worker import (
     ACCOUNT,
     MODEL,
     NO_RECORD,
@@ -33,7 +33,7 @@ from tests.integration.test_worker import (
     state_of,
     usage_today,
 )
-from tests.integration.test_worker_faults import expire_leases
+from tests.service.worker.test_worker_faults import expire_leases
 
 
 def test_a_run_counts_its_settled_requests_now_and_then_and_all_when_it_gives_the_chain_up(

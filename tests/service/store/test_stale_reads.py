@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from freeinference_batch.core import aws
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 
 @pytest.fixture

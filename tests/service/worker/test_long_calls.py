@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from freeinference_batch.store.batch_table import BatchTable
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 
 def state(harness, batch_id: str, position: int) -> dict:

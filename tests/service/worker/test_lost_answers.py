@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from freeinference_batch.core import aws
 
-from tests.integration.conftest import sample_request
-from tests.integration.test_worker import meta_of, one_cost, usage_today
+from tests.conftest import sample_request
+from tests.service.worker.test_worker import meta_of, one_cost, usage_today
 
 PLAIN_WRITES = ("update_item", "put_item", "delete_item")
 

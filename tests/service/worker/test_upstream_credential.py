@@ -22,9 +22,9 @@ from freeinference_batch_local.template import function_properties, load_templat
 from moto import mock_aws
 from pydantic import ValidationError
 
-from tests.integration.conftest import StubUpstream
+from tests.conftest import StubUpstream
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TEMPLATE = REPO / "template.yaml"
 COMPLETION = b'{"id": "c", "object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 1}}'
 

@@ -9,7 +9,7 @@ import pytest
 from freeinference_batch.worker import runner
 from freeinference_batch.worker.upstream import CREDENTIAL_REJECTED_METRIC
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 
 @pytest.fixture

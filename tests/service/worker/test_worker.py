@@ -30,7 +30,7 @@ from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, Invocati
 from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch_local.upstream_sim import prompt_tokens, reply_for
 
-from tests.integration.conftest import sample_request
+from tests.conftest import sample_request
 
 MODEL = "glm-5.3-flash"
 ACCOUNT = "acct-1"  # the harness's account (internal tier, 16 concurrent requests)

@@ -24,8 +24,8 @@ from freeinference_batch.worker import Done, InvocationState, Parked, Worker, cl
 from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
 
-from tests.integration.conftest import StubUpstream, sample_request
-from tests.integration.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
+from tests.conftest import StubUpstream, sample_request
+from tests.service.worker.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
 
 
 class WorkerDied(BaseException):

@@ -23,7 +23,7 @@ MAX_BATCH_CONCURRENCY = MAX_MAPPING_CONCURRENCY // 2
 # An invocation runs one chain per SQS record side by side, and is billed by GB-second while it
 # waits on the upstream: the more records it takes, the less each request costs. Lambda takes an
 # SQS BatchSize over 10 only with a batching window of at least 1 s. 24 chains and one large
-# request is the most a 256 MB worker holds (worker/memory.py; tests/unit/test_worker_memory.py).
+# request is the most a 256 MB worker holds (worker/memory.py; tests/service/worker/test_memory.py).
 SQS_BATCH_SIZE_WITHOUT_WINDOW = 10
 MAX_WORKER_BATCH_SIZE = 24
 

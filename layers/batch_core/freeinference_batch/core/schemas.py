@@ -160,7 +160,7 @@ class BatchObject(BaseModel):
 
 class _OmitsNone(BaseModel):
     """An answer whose fields named in OMITTED_WHEN_NONE are left out, not written null, when they
-    have no value (openapi.yaml leaves them out of `required`; tests/unit/test_openapi_models.py)."""
+    have no value (openapi.yaml leaves them out of `required`; tests/docs/test_openapi_models.py)."""
 
     OMITTED_WHEN_NONE: ClassVar[frozenset[str]] = frozenset()
 

@@ -10,7 +10,7 @@ when it runs out, the request runs again in a fresh invocation and the attempt d
 A call given the most and still without an answer failed for good: the answer takes longer than
 a batch request may run, and running it again would only burn the model's time again.
 
-Pure arithmetic on `time.monotonic()` values: unit-tested without AWS (tests/unit/test_call_budget.py).
+Pure arithmetic on `time.monotonic()` values: unit-tested without AWS (tests/service/worker/test_call_budget.py).
 """
 
 from __future__ import annotations

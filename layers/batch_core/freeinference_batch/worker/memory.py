@@ -32,7 +32,7 @@ MIB = 1024 * 1024
 # Records an invocation runs side by side: at most a full SQS batch, whose size follows from the
 # model's capacity (catalog.ModelInfo.worker_batch_size): sized for the largest any model gets.
 RECORD_THREADS = MAX_WORKER_BATCH_SIZE
-# The worker's MemorySize in model/template.yaml (tests/integration/test_template.py checks it):
+# The worker's MemorySize in model/template.yaml (tests/deploy/test_template.py checks it):
 # what a Worker is sized for when no Lambda context says otherwise.
 FUNCTION_MEMORY_MB = 256
 # A body or a response above this takes a permit. A body this large is alone in its input chunk,
