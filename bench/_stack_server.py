@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import _instrument  # bench/ is this script's directory, so first on sys.path
+import _billing  # bench/ is this script's directory, so first on sys.path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -132,7 +132,7 @@ def item_kind(key: dict) -> str:
     """`{"pk": {"S": "BATCH#x"}, "sk": {"S": "REQ#000000042"}}` -> "BATCH/REQ" (as the cost model names it)."""
     texts = [str(next(iter(value.values()))) if isinstance(value, dict) and value else str(value)
              for value in key.values()]
-    return _instrument.item_kind(*texts, *[""] * (2 - len(texts)))
+    return _billing.item_kind(*texts, *[""] * (2 - len(texts)))
 
 
 def write_stats(stack: Any, counter: CallCounter, path: str, interval: float, stop: threading.Event) -> None:

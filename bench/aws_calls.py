@@ -9,9 +9,9 @@ shown apart). Status polls while waiting, empty receives and the schedules are s
 counted per request: they depend on how often a client polls and how long queues sit idle, not
 on the number of requests. Target: <= 8 calls per successful request.
 
-The cost model uses those counts, the billing units measured per call (DynamoDB read/write
-request units from the item images before and after each write, GSI writes only where a write
-changes what an index holds, SQS 64 KB chunks, API Gateway 512 KB steps) and the worker's
+The cost model uses those counts, the billing units measured per call (_billing.py: DynamoDB
+read/write request units from the item images before and after each write, GSI writes only where
+a write changes what an index holds, SQS 64 KB chunks, API Gateway 512 KB steps) and the worker's
 invocations as they ran: each invocation's measured wall time; records run side by side, so an
 invocation lasts as long as its longest chain. So how many requests share an invocation, and its
 tail (chains waiting for the slowest), are measured, not assumed. By default the run's upstream
@@ -54,7 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
-from _instrument import AwsCalls, ItemWrites, OpStats
+from _billing import ItemWrites
+from _instrument import AwsCalls, OpStats
 
 # us-east-1 list prices (assumptions; check https://aws.amazon.com/pricing before relying on them).
 PRICES = {

@@ -26,8 +26,6 @@ reads the environment only through `settings.py`).
 
 from __future__ import annotations
 
-import datetime as dt
-import email.utils
 import gzip
 import json
 import os
@@ -36,17 +34,47 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import requests
-from pydantic import BaseModel, ConfigDict
+
+from freeinference_batch_client.errors import (
+    BatchApiError,
+    BatchClientError,
+    BatchConnectionError,
+    api_error_from_response,
+    redact,
+)
+from freeinference_batch_client.models import (
+    FINAL_STATUSES,
+    Batch,
+    BatchFailure,
+    DeletedBatch,
+    DeletedWebhookEndpoint,
+    Page,
+    RequestCounts,
+    ResultError,
+    ResultLine,
+    ResultResponse,
+    WebhookEndpoint,
+    WebhookTestResult,
+)
+
+# What users import from here: the client, and the errors it raises and the models it answers
+# with (defined in errors.py and models.py).
+__all__ = [
+    "API_KEY_ENV", "BASE_URL_ENV", "DEFAULT_BASE_URL", "FINAL_STATUSES", "WEBHOOK_EVENT_TYPES",
+    "Batch", "BatchApiError", "BatchClient", "BatchClientError", "BatchConnectionError", "BatchFailure",
+    "DeletedBatch", "DeletedWebhookEndpoint", "Page", "RequestCounts", "ResultError", "ResultLine",
+    "ResultResponse", "WebhookEndpoint", "WebhookEndpoints", "WebhookTestResult", "encode_create_body",
+    "encode_json", "redact",
+]
 
 DEFAULT_BASE_URL = "https://freeinference.org/v1"
 API_KEY_ENV = "FREEINFERENCE_API_KEY"
 BASE_URL_ENV = "FREEINFERENCE_BASE_URL"
 # Create bodies larger than this are gzipped.
 GZIP_THRESHOLD_BYTES = 1024 * 1024
-FINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 # The webhook event types the service sends: one per final status.
 WEBHOOK_EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -59,176 +87,6 @@ try:  # the package version, for the User-Agent
     _USER_AGENT = f"freeinference-batch/{_version('freeinference-batch')}"
 except Exception:  # pragma: no cover - not installed as a distribution
     _USER_AGENT = "freeinference-batch"
-
-
-# ---- errors ---------------------------------------------------------------------------------
-
-
-# A URL's query string wherever a message holds one: a result's presigned link carries its
-# signature (and the signer's credential) there, and urllib3's error text repeats the full URL.
-_QUERY = re.compile(r"\?(?=[^\s'\"<>]*=)[^\s'\"<>)]*")
-# Signing parameters that slipped out of a URL (percent-decoded, or quoted in S3's error XML).
-_SIGNING = re.compile(r"(?i)\b(X-Amz-[A-Za-z-]+|Signature|AWSAccessKeyId)=[^&\s'\"<>)]*")
-
-
-def redact(text: str) -> str:
-    """`text` with every query string and signing parameter replaced, for printing."""
-    return _SIGNING.sub(r"\1=<redacted>", _QUERY.sub("?<redacted>", text))
-
-
-class BatchClientError(Exception):
-    """Anything the client raises about talking to the API. Its text never holds a query string
-    (a presigned link's signature would be a credential for anyone reading the error)."""
-
-    def __init__(self, message: str = "", *args: Any) -> None:
-        super().__init__(redact(str(message)), *args)
-
-
-class BatchApiError(BatchClientError):
-    """An error answer of the API: its HTTP `status`, the error `code` and `message`."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str | None,
-        message: str,
-        *,
-        type: str | None = None,
-        param: str | None = None,
-        body: Any = None,
-        retry_after: float | None = None,
-    ) -> None:
-        message = redact(message)
-        super().__init__(f"{status} {code or 'error'}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.type = type
-        self.param = param
-        self.body = body
-        self.retry_after = retry_after
-
-
-class BatchConnectionError(BatchClientError):
-    """The API could not be reached (after the retries allowed), or did not answer in time."""
-
-
-# ---- models ---------------------------------------------------------------------------------
-
-
-class _Model(BaseModel):
-    # Lenient: fields a newer server adds are kept, not refused.
-    model_config = ConfigDict(extra="allow")
-
-
-class RequestCounts(_Model):
-    total: int
-    completed: int
-    failed: int
-
-
-class BatchFailure(_Model):
-    """Why a whole batch failed (`Batch.error`)."""
-
-    code: str
-    message: str
-
-
-class Batch(_Model):
-    id: str
-    object: str = "batch"
-    endpoint: str = "/v1/chat/completions"
-    errors: Any = None
-    input_file_id: str | None = None
-    completion_window: str
-    status: str
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    created_at: int
-    in_progress_at: int | None = None
-    expires_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
-    request_counts: RequestCounts
-    metadata: dict[str, str] | None = None
-    cost_usd: float = 0.0
-    error: BatchFailure | None = None
-
-    @property
-    def is_final(self) -> bool:
-        return self.status in FINAL_STATUSES
-
-
-class ResultResponse(_Model):
-    status_code: int
-    request_id: str
-    # The API gives a body too big for any page as `body: null` plus `body_url`; the client
-    # fetches it, so lines it returns always carry `body`.
-    body: dict[str, Any] | None = None
-    body_url: str | None = None
-
-
-class ResultError(_Model):
-    code: str
-    message: str
-    status: int | None = None
-
-
-class ResultLine(_Model):
-    id: str
-    custom_id: str
-    status: str
-    response: ResultResponse | None = None
-    error: ResultError | None = None
-
-
-T = TypeVar("T")
-
-
-class Page(_Model, Generic[T]):
-    object: str = "list"
-    data: list[T]
-    has_more: bool
-    first_id: str | None = None
-    last_id: str | None = None
-
-
-class DeletedBatch(_Model):
-    id: str
-    object: str = "batch.deleted"
-    deleted: bool
-
-
-class WebhookEndpoint(_Model):
-    id: str
-    object: str = "webhook_endpoint"
-    url: str
-    name: str
-    event_types: list[str]
-    created_at: int
-    updated_at: int
-    signing_secret_hint: str
-    # Only in the answers of create and rotate_secret: no other call shows it again.
-    signing_secret: str | None = None
-
-
-class DeletedWebhookEndpoint(_Model):
-    id: str
-    object: str = "webhook_endpoint.deleted"
-    deleted: bool
-
-
-class WebhookTestResult(_Model):
-    object: str = "webhook_endpoint.test"
-    webhook_endpoint_id: str
-    event_type: str
-    # What the receiver answered (a delivery that got no answer at all is a 400 webhook_test_failed).
-    status_code: int
-    success: bool = True
 
 
 # ---- encoding -------------------------------------------------------------------------------
@@ -247,23 +105,6 @@ def encode_create_body(requests_: Sequence[Mapping[str, Any]], metadata: Mapping
     return encode_json(document)
 
 
-def _retry_after_seconds(value: str | None) -> float | None:
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
-
-
 def _never_sent(error: requests.RequestException) -> bool:
     """True when the connection could not even be opened, so the request cannot have arrived."""
     if isinstance(error, requests.exceptions.ConnectTimeout):
@@ -276,31 +117,6 @@ def _never_sent(error: requests.RequestException) -> bool:
     if isinstance(cause, MaxRetryError):
         cause = cause.reason
     return isinstance(cause, NewConnectionError)
-
-
-def api_error_from_response(response: requests.Response) -> BatchApiError:
-    """A BatchApiError from an error answer: the API's `{"error": {...}}` body, API Gateway's
-    `{"message": ...}`, or the plain text of anything else."""
-    retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error = body["error"]
-        return BatchApiError(
-            response.status_code,
-            error.get("code"),
-            str(error.get("message") or response.reason or "error"),
-            type=error.get("type"),
-            param=error.get("param"),
-            body=body,
-            retry_after=retry_after,
-        )
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return BatchApiError(response.status_code, None, body["message"], body=body, retry_after=retry_after)
-    text = (response.text or "").strip()[:500] or str(response.reason or "error")
-    return BatchApiError(response.status_code, None, text, body=body, retry_after=retry_after)
 
 
 # ---- the client -----------------------------------------------------------------------------

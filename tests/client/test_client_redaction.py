@@ -8,7 +8,7 @@ import pytest
 import requests
 from click.testing import CliRunner
 from freeinference_batch_client import client as client_module
-from freeinference_batch_client.cli import main, user
+from freeinference_batch_client.cli import main, results
 from freeinference_batch_client.client import BatchApiError, BatchClientError, redact
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
@@ -74,7 +74,7 @@ def test_the_cli_prints_the_error_without_the_links_signature(monkeypatch, tmp_p
                                        "created_at": 1, "endpoint": "/v1/chat/completions",
                                        "completion_window": "24h"}),
                         response(200, linked_page()), *[unreachable()] * 6)
-    monkeypatch.setattr(user, "make_client", lambda: client)
+    monkeypatch.setattr(results, "make_client", lambda: client)
     monkeypatch.setenv(client_module.API_KEY_ENV, "hyi-test")
     # When `results` writes the output file
     result = CliRunner().invoke(main, ["results", BATCH_ID, "-o", str(tmp_path / "out.jsonl")])

@@ -1,15 +1,17 @@
-"""docs/ARCHITECTURE.md names every module of the layer's package in its module table, and every
-top-level entry of the repository in its layout table: a newcomer reads there where things live,
-so a module or file added without a line there fails here."""
+"""docs/ARCHITECTURE.md names every module of the layer's package and of the client package in
+their module tables, and every top-level entry of the repository in its layout table: a newcomer
+reads there where things live, so a module or file added without a line there fails here."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "layers/batch_core/freeinference_batch"
+CLIENT_PACKAGE = REPO / "clients/freeinference_batch_client"
 DOC = REPO / "docs/ARCHITECTURE.md"
 
 
@@ -45,6 +47,25 @@ def test_the_module_table_names_every_module_of_the_layer():
     assert len(modules) > 30
     missing = sorted(modules - named_modules())
     assert not missing, f"modules of the layer that docs/ARCHITECTURE.md's module table does not name: {missing}"
+
+
+def holds_code(path: Path) -> bool:
+    """False for a module that is only a docstring (a package's `__init__.py` that names it)."""
+    return any(not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+               for node in ast.parse(path.read_text()).body)
+
+
+def test_the_client_table_names_every_module_of_the_client_package_one_a_row():
+    modules = {str(path.relative_to(CLIENT_PACKAGE)) for path in CLIENT_PACKAGE.rglob("*.py") if holds_code(path)}
+    assert {"client.py", "cli/__init__.py", "cli/user.py"} <= modules
+    rows = [first for first, _ in table("## Package `freeinference_batch_client`")]
+    named = {name for first in rows for name in first if name.endswith(".py")}
+    missing = sorted(modules - named)
+    assert not missing, f"modules of the client that docs/ARCHITECTURE.md's client table does not name: {missing}"
+    gone = sorted(name for name in named if not (CLIENT_PACKAGE / name).is_file())
+    assert not gone, f"docs/ARCHITECTURE.md's client table names modules that do not exist: {gone}"
+    shared = [first for first in rows if len(first) > 1]
+    assert not shared, f"rows of the client table that name more than one module: {shared}"
 
 
 def test_the_layout_table_names_every_top_level_entry_of_the_repository():

@@ -3,7 +3,7 @@
 - `admin ...`  keys, accounts and model load (cli/admin.py), against a deployed stack, the local
   stack or the plain environment;
 - `dev`        runs the local stack in the foreground (freeinference_batch_local.stack);
-- user commands (create, list, results, ...) come from cli/user.py, which registers them on
+- user commands (submit, list, results, ...) come from cli/user.py, which registers them on
   `main` with `register(main)` when it exists.
 """
 

@@ -1,0 +1,97 @@
+"""`freeinference-batch status / list / cancel / delete`: a batch id, or every batch of a job
+manifest."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from freeinference_batch_client.cli.common import (
+    Target,
+    describe_counts,
+    echo_err,
+    format_time,
+    friendly_errors,
+    make_client,
+    part_lines,
+)
+from freeinference_batch_client.errors import BatchApiError
+
+
+@click.command()
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print the batch objects as JSON, one per line.")
+@friendly_errors
+def status(target: str, as_json: bool) -> None:
+    """Show a batch ID, or every batch of a job MANIFEST."""
+    job = Target(target)
+    client = make_client()
+    job.check_base_url(client)
+    for batch_id in job.batch_ids:
+        batch = client.retrieve(batch_id)
+        if as_json:
+            click.echo(json.dumps(batch.model_dump(mode="json")))
+            continue
+        lines = job.lines_of(batch_id)
+        click.echo(f"{batch.id}  {batch.status:<11}  {describe_counts(batch)}" + (f"  ({lines})" if lines else ""))
+        if batch.error is not None:
+            click.echo(f"    failed: {batch.error.code}: {batch.error.message}")
+    if job.manifest is not None:
+        for part in job.manifest.parts:
+            if not part.batch_id:
+                click.echo(f"(not created)  {part_lines(part)}: run submit again to create it")
+
+
+@click.command(name="list")
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@click.option("--after", default=None, help="Start after this batch id (the last one of the previous page).")
+@click.option("--json", "as_json", is_flag=True, help="Print the batch objects as JSON, one per line.")
+@friendly_errors
+def list_batches(limit: int, after: str | None, as_json: bool) -> None:
+    """List your batches, newest first."""
+    page = make_client().list(limit=limit, after=after)
+    for batch in page.data:
+        if as_json:
+            click.echo(json.dumps(batch.model_dump(mode="json")))
+        else:
+            click.echo(f"{batch.id}  {batch.status:<11}  {format_time(batch.created_at)}  {describe_counts(batch)}")
+    if page.has_more and not as_json:
+        echo_err(f"(more: --after {page.last_id})")
+
+
+@click.command()
+@click.argument("target")
+@friendly_errors
+def cancel(target: str) -> None:
+    """Cancel a batch ID, or every batch of a job MANIFEST."""
+    job = Target(target)
+    client = make_client()
+    job.check_base_url(client)
+    for batch_id in job.batch_ids:
+        batch = client.cancel(batch_id)
+        click.echo(f"{batch.id}  {batch.status:<11}  {describe_counts(batch)}")
+
+
+@click.command()
+@click.argument("target")
+@friendly_errors
+def delete(target: str) -> None:
+    """Delete a batch ID, or every batch of a job MANIFEST, with their results."""
+    job = Target(target)
+    client = make_client()
+    job.check_base_url(client)
+    problems = 0
+    for batch_id in job.batch_ids:
+        try:
+            client.delete(batch_id)
+        except BatchApiError as error:
+            if error.status == 404 and job.manifest is not None:
+                click.echo(f"{batch_id}  already gone")
+                continue
+            problems += 1
+            echo_err(f"{batch_id}: not deleted: {error.message}")
+            continue
+        click.echo(f"{batch_id}  deleted")
+    if problems:
+        raise click.exceptions.Exit(1)

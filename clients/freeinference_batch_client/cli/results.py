@@ -1,0 +1,137 @@
+"""Waiting for a job's batches (a progress bar each) and writing their results as OpenAI output
+files: the `results` command, and `submit --wait / -o`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from freeinference_batch_client import openai_files
+from freeinference_batch_client.cli.common import (
+    DEFAULT_POLL_SECONDS,
+    Target,
+    describe_counts,
+    echo_err,
+    friendly_errors,
+    make_client,
+)
+from freeinference_batch_client.client import BatchClient
+from freeinference_batch_client.models import Batch
+
+
+def wait_with_progress(client: BatchClient, target: Target, poll_interval: float) -> list[Batch]:
+    """Poll every batch until all are final, a tqdm bar each (completed+failed of total)."""
+    from tqdm import tqdm
+
+    ids = target.batch_ids
+    latest: dict[str, Batch] = {}
+    bars = {}
+    try:
+        for position, batch_id in enumerate(ids):
+            label = target.lines_of(batch_id) or batch_id
+            bars[batch_id] = tqdm(total=target.count_of(batch_id), desc=label, position=position, unit="req",
+                                  file=sys.stderr, dynamic_ncols=True, leave=True)
+        pause = min(0.5, poll_interval)  # quick at first (small jobs finish fast), then every poll_interval
+        while True:
+            for batch_id in ids:
+                if batch_id in latest and latest[batch_id].is_final:
+                    continue
+                batch = client.retrieve(batch_id)
+                latest[batch_id] = batch
+                counts = batch.request_counts
+                bar = bars[batch_id]
+                bar.total = counts.total
+                bar.n = counts.completed + counts.failed
+                bar.set_postfix_str(f"{batch.status}: {counts.completed} completed, {counts.failed} failed",
+                                    refresh=False)
+                bar.refresh()
+            if all(latest[batch_id].is_final for batch_id in ids):
+                return [latest[batch_id] for batch_id in ids]
+            time.sleep(pause)
+            pause = min(poll_interval, pause * 2)
+    except KeyboardInterrupt:
+        for bar in bars.values():
+            bar.close()
+        bars.clear()
+        where = target.manifest_path or target.value
+        echo_err(f"\nStopped waiting; the batches keep running. Later: freeinference-batch status {where}, "
+                 f"then freeinference-batch results {where} -o out.jsonl")
+        raise click.exceptions.Exit(130) from None
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
+def print_summary(batches: list[Batch]) -> None:
+    completed = sum(batch.request_counts.completed for batch in batches)
+    failed = sum(batch.request_counts.failed for batch in batches)
+    total = sum(batch.request_counts.total for batch in batches)
+    statuses = sorted({batch.status for batch in batches})
+    echo_err(f"done: {completed} completed, {failed} failed, {total} total ({', '.join(statuses)})")
+
+
+def write_results(client: BatchClient, target: Target, output: Path, errors_path: Path | None) -> None:
+    temporary = [output.with_name(f".{output.name}.partial")]
+    if errors_path is not None:
+        temporary.append(errors_path.with_name(f".{errors_path.name}.partial"))
+    try:
+        with contextlib.ExitStack() as files:
+            out = files.enter_context(open(temporary[0], "w", encoding="utf-8"))
+            err = files.enter_context(open(temporary[1], "w", encoding="utf-8")) if errors_path else None
+
+            def writer(handle: Any) -> Callable[[dict], None]:
+                return lambda line: openai_files.write_jsonl_lines(handle, [line])
+
+            ok = bad = 0
+            for batch_id in target.batch_ids:
+                got = openai_files.split_outputs(_result_dicts(client, batch_id), writer(out),
+                                                 writer(err) if err is not None else None)
+                ok, bad = ok + got[0], bad + got[1]
+        os.replace(temporary[0], output)
+        if errors_path is not None:
+            os.replace(temporary[1], errors_path)
+    finally:
+        for path in temporary:
+            path.unlink(missing_ok=True)
+    if errors_path is not None:
+        echo_err(f"wrote {ok} succeeded requests to {output} and {bad} others to {errors_path}")
+    else:
+        echo_err(f"wrote {ok + bad} lines to {output} ({ok} succeeded, {bad} did not)")
+
+
+def _result_dicts(client: BatchClient, batch_id: str) -> Iterator[dict]:
+    for line in client.iter_results(batch_id):
+        yield line.model_dump(mode="json")
+
+
+@click.command()
+@click.argument("target")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The output file (OpenAI's batch output format, one line per request, in submission order).")
+@click.option("--errors", "errors_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write failed, cancelled and expired requests here instead of to the output file.")
+@click.option("--wait", is_flag=True, help="Wait for unfinished batches instead of refusing.")
+@click.option("--poll-interval", type=click.FloatRange(min=0.01), default=DEFAULT_POLL_SECONDS, show_default=True)
+@friendly_errors
+def results(target: str, output: Path, errors_path: Path | None, wait: bool, poll_interval: float) -> None:
+    """Write the results of a batch ID or a job MANIFEST as an OpenAI output file."""
+    job = Target(target)
+    job.require_complete("ask for the results")
+    client = make_client()
+    job.check_base_url(client)
+    if wait:
+        wait_with_progress(client, job, poll_interval)
+    else:
+        unfinished = [batch for batch in (client.retrieve(batch_id) for batch_id in job.batch_ids)
+                      if not batch.is_final]
+        if unfinished:
+            listed = "; ".join(f"{batch.id} is {batch.status} ({describe_counts(batch)})" for batch in unfinished)
+            raise click.ClickException(f"not finished yet: {listed}. Pass --wait to wait for it")
+    write_results(client, job, output, errors_path)
