@@ -1,4 +1,4 @@
-"""moto in server mode on loopback, one request at a time.
+"""moto in server mode on loopback, one request at a time, with the local stack's patches.
 
 moto documents itself as not concurrency-safe, while the local stack calls it from many threads
 (API requests, pollers, workers, schedules). So the server handles one request at a time, on one
@@ -10,12 +10,13 @@ worker's load moto was busy half the time with dozens of calls waiting for it (b
 The app still takes one lock around moto: it keeps the one-at-a-time rule whatever server runs it,
 and guards the count of requests served that the stack's stats and the benches read.
 
-`MotoProcess` runs that server in a child process (`python -m freeinference_batch_local.moto_server`).
-The local stack does so by default: the stack is one Python process, and the GIL would otherwise
-put moto's work and every Lambda's on one core, so that each request's latency grows with the
-total load. The child exits when its stdin closes, that is, when the stack stops or dies.
+Before it serves, it patches moto (`transactions.py`, `serialization.py`, `expressions.py`: moto's
+cost made DynamoDB's; `limits.py`: what DynamoDB and SQS refuse and moto does not), and it can
+inject AWS's failures into the service's calls (`aws_faults/`, `LOCAL_AWS_FAULTS`).
 
-Both can inject AWS's failures into the service's calls (`aws_faults.py`, `LOCAL_AWS_FAULTS`).
+The local stack runs it in a child process (`process.py`, which runs `main()` here). Importing
+this module imports moto's server (flask and every backend's index): only the processes that
+serve moto do.
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ import argparse
 import io
 import logging
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from freeinference_batch_local.aws_faults import FaultConfig
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import BaseWSGIServer
+
+from freeinference_batch_local.aws_faults import injector
+from freeinference_batch_local.aws_faults.config import FaultConfig, config_from_env
+from freeinference_batch_local.moto import expressions, limits, serialization, transactions
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +84,29 @@ def _read_body(environ: dict[str, Any]) -> bytes:
     return b""
 
 
+class RememberedRouting(DomainDispatcherApplication):
+    """moto matches a request's host against every service's URL patterns, on every request; a
+    host's service never changes, so each is matched once."""
+
+    def __init__(self, create_app: Callable[..., Any]) -> None:
+        super().__init__(create_app)
+        self.backend_by_host: dict[str | None, Any] = {}
+
+    def get_backend_for_host(self, host: str | None) -> Any:
+        if host not in self.backend_by_host:
+            self.backend_by_host[host] = super().get_backend_for_host(host)
+        return self.backend_by_host[host]
+
+
+class OneAtATimeServer(BaseWSGIServer):
+    # Callers wait in the kernel's accept queue, not on a thread each: room for all of them
+    # (werkzeug's default is 128; the kernel caps it at net.core.somaxconn).
+    request_queue_size = 4096
+
+
 class MotoServer:
     """`start()` returns the endpoint URL (http://127.0.0.1:PORT); `stop()` shuts it down.
-    `faults`: AWS's failures to inject (`aws_faults.py`); none by default."""
+    `faults`: AWS's failures to inject (`aws_faults/`); none by default."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultConfig | None = None) -> None:
         self.host = host
@@ -98,50 +121,16 @@ class MotoServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> str:
-        # Imported here: moto's server pulls in flask and every backend index (slow, dev-only).
-        from moto.moto_server.werkzeug_app import (
-            DomainDispatcherApplication,
-            MotoRequestHandler,
-            create_backend_app,
-        )
-        from werkzeug.serving import BaseWSGIServer
-
-        from freeinference_batch_local import (
-            aws_faults,
-            aws_limits,
-            moto_expressions,
-            moto_serialization,
-            moto_transactions,
-        )
-
-        moto_transactions.install()  # O(items touched) transactions instead of O(table size)
-        moto_serialization.install()  # attribute values written as they are, not walked
-        moto_expressions.install()  # each update expression parsed once
-        aws_limits.install()  # refuse what DynamoDB and SQS refuse and moto does not
+        transactions.install()  # O(items touched) transactions instead of O(table size)
+        serialization.install()  # attribute values written as they are, not walked
+        expressions.install()  # each update expression parsed once
+        limits.install()  # refuse what DynamoDB and SQS refuse and moto does not
 
         # werkzeug logs every request at INFO; the local stack's own logs are what matter.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        class RememberedRouting(DomainDispatcherApplication):
-            """moto matches a request's host against every service's URL patterns, on every
-            request; a host's service never changes, so each is matched once."""
-
-            def __init__(self, create_app: Callable[..., Any]) -> None:
-                super().__init__(create_app)
-                self.backend_by_host: dict[str | None, Any] = {}
-
-            def get_backend_for_host(self, host: str | None) -> Any:
-                if host not in self.backend_by_host:
-                    self.backend_by_host[host] = super().get_backend_for_host(host)
-                return self.backend_by_host[host]
-
         # Inside the lock: the faults' random draws and moto's state follow the one order of requests.
-        faults = self.faults if self.faults is not None else aws_faults.FaultConfig()
-        self.app = SerializedWsgiApp(aws_faults.wrap(RememberedRouting(create_backend_app), faults))
-
-        class OneAtATimeServer(BaseWSGIServer):
-            # Callers wait in the kernel's accept queue, not on a thread each: room for all of them
-            # (werkzeug's default is 128; the kernel caps it at net.core.somaxconn).
-            request_queue_size = 4096
+        faults = self.faults if self.faults is not None else FaultConfig()
+        self.app = SerializedWsgiApp(injector.wrap(RememberedRouting(create_backend_app), faults))
 
         self._server = OneAtATimeServer(self.host, self.port, self.app, handler=MotoRequestHandler)
         self.port = self._server.server_port
@@ -170,66 +159,6 @@ class MotoServer:
         self.stop()
 
 
-class MotoProcess:
-    """`MotoServer` in a child process, with the same `start()` / `stop()` / `endpoint_url`."""
-
-    START_TIMEOUT_SECONDS = 60.0
-
-    def __init__(self, host: str = "127.0.0.1", faults: FaultConfig | None = None) -> None:
-        self.host = host
-        self.faults = faults
-        self.endpoint_url = ""
-        self._process: subprocess.Popen[str] | None = None
-
-    def start(self) -> str:
-        # The child imports this package and nothing of the service's: its root on the path is
-        # enough, installed or not.
-        package_root = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-        from freeinference_batch_local.aws_faults import FAULTS_ENV, SEED_ENV
-
-        # The child injects exactly these faults, with this seed (drawn here when none was given).
-        env.pop(FAULTS_ENV, None)
-        env.pop(SEED_ENV, None)
-        if self.faults is not None and self.faults.enabled:
-            env[FAULTS_ENV], env[SEED_ENV] = self.faults.describe(), str(self.faults.seed)
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "freeinference_batch_local.moto_server", "--host", self.host],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-            # Out of the terminal's process group: Ctrl-C is the stack's to handle, and the stack
-            # stops this child itself, in its order.
-            start_new_session=True,
-        )
-        stdout = self._process.stdout
-        assert stdout is not None
-        found: list[str] = []
-        # The first line is the endpoint; read on a thread so a child that hangs cannot hang us.
-        reader = threading.Thread(target=lambda: found.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(self.START_TIMEOUT_SECONDS)
-        line = found[0].strip() if found else ""
-        if not line.startswith("http://"):
-            self.stop()
-            raise RuntimeError(f"the moto server process did not start (it printed {line!r})")
-        self.endpoint_url = line
-        return line
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        try:
-            if process.stdin is not None:
-                process.stdin.close()  # the child's signal to stop
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-        finally:
-            if process.stdout is not None:
-                process.stdout.close()
-
-
 def main() -> None:
     """The child of `MotoProcess`: serve, print the endpoint, stop when stdin closes."""
     parser = argparse.ArgumentParser(description="moto server, one request at a time; stops when stdin closes")
@@ -237,8 +166,6 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from freeinference_batch_local.aws_faults import config_from_env
-
     with MotoServer(host=args.host, port=args.port, faults=config_from_env()) as server:
         print(server.endpoint_url, flush=True)
         # The parent reads only that line: anything moto prints later goes to stderr, or a full
