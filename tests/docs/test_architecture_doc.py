@@ -1,6 +1,6 @@
-"""docs/ARCHITECTURE.md names every module of the layer's package in its module table, and every
-top-level entry of the repository in its layout table: a newcomer reads there where things live,
-so a module or file added without a line there fails here."""
+"""docs/ARCHITECTURE.md names every module of the layer's package and of the local stack's in their
+module tables, and every top-level entry of the repository in its layout table: a newcomer reads
+there where things live, so a module or file added without a line there fails here."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "layers/batch_core/freeinference_batch"
+LOCAL_PACKAGE = REPO / "local_stack/freeinference_batch_local"
 DOC = REPO / "docs/ARCHITECTURE.md"
 
 
@@ -26,6 +27,11 @@ def table(heading: str) -> list[tuple[list[str], str]]:
         first, _, rest = line.strip("|").partition("|")
         rows.append((re.findall(r"`([^`]+)`", first), rest))
     return rows
+
+
+def modules_of(package: Path) -> set[str]:
+    """The package's module paths relative to it (`x.py`, `sub/y.py`), `__init__.py` aside."""
+    return {str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "__init__.py"}
 
 
 def named_modules() -> set[str]:
@@ -45,6 +51,16 @@ def test_the_module_table_names_every_module_of_the_layer():
     assert len(modules) > 30
     missing = sorted(modules - named_modules())
     assert not missing, f"modules of the layer that docs/ARCHITECTURE.md's module table does not name: {missing}"
+
+
+def test_the_local_stack_table_names_every_module_of_the_local_stack_one_row_each():
+    modules = modules_of(LOCAL_PACKAGE)
+    assert len(modules) > 30
+    named = [name for first, _ in table("## Package `freeinference_batch_local` (`local_stack/`)") for name in first]
+    missing = sorted(modules - set(named))
+    assert not missing, f"local-stack modules docs/ARCHITECTURE.md's local-stack table does not name: {missing}"
+    # One row per module, named by its path in the package, and no row for a module that is gone
+    assert sorted(named) == sorted(modules), f"rows that name no module or name one twice: {sorted(named)}"
 
 
 def test_the_layout_table_names_every_top_level_entry_of_the_repository():
