@@ -265,7 +265,7 @@ def template_poller_cap(function: str = "GlmFlashModel/WorkerFunction",
     """The worker's SQS event settings from the template (template.yaml unless given) that bound how
     many requests run at once: BatchSize (records an invocation runs side by side), the batching
     window, MaximumConcurrency, reserved concurrency."""
-    from freeinference_batch_local.template import load_template
+    from freeinference_batch_local.cloudformation.template import load_template
 
     properties = load_template(template_path or REPO / "template.yaml")["Resources"][function]["Properties"]
     event = next(iter(properties["Events"].values()))["Properties"]

@@ -71,7 +71,7 @@ PRICES = {
 
 
 def function_memory_gb(logical_id: str) -> float:
-    from freeinference_batch_local.template import load_template
+    from freeinference_batch_local.cloudformation.template import load_template
 
     template = load_template(c.REPO / "template.yaml")
     default = ((template.get("Globals") or {}).get("Function") or {}).get("MemorySize", 128)

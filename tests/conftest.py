@@ -17,12 +17,15 @@ from freeinference_batch import accounts
 from freeinference_batch.core import aws, clock
 from freeinference_batch.core.catalog import load_catalog
 from freeinference_batch.core.settings import Settings, get_settings
-from freeinference_batch_local import aws_limits, moto_expressions, moto_serialization, moto_transactions
-from freeinference_batch_local.apigw import build_event, invoke_integration, refuse_oversized_body
+from freeinference_batch_local.api_gateway.integration import build_event, invoke_integration, refuse_oversized_body
+from freeinference_batch_local.cloudformation.resources import TemplateResources, template_environment
+from freeinference_batch_local.cloudformation.template import load_template
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
-from freeinference_batch_local.pollers import failed_message_ids, sqs_record
-from freeinference_batch_local.stack import TemplateResources, template_environment
-from freeinference_batch_local.template import load_template
+from freeinference_batch_local.moto import expressions as moto_expressions
+from freeinference_batch_local.moto import limits as aws_limits
+from freeinference_batch_local.moto import serialization as moto_serialization
+from freeinference_batch_local.moto import transactions as moto_transactions
+from freeinference_batch_local.triggers.sqs import failed_message_ids, sqs_record
 from freeinference_batch_local.upstream_sim import UpstreamSimulator
 from moto import mock_aws
 from moto.dynamodb.models import DynamoDBBackend

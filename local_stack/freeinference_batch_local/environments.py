@@ -41,6 +41,7 @@ import datetime as dt
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -293,8 +294,6 @@ class ExecutionEnvironment:
 
 
 def _signal_name(number: int) -> str:
-    import signal
-
     try:
         return signal.Signals(number).name.removeprefix("SIG").lower()
     except ValueError:

@@ -21,7 +21,7 @@ from typing import Any
 
 from freeinference_batch.core.pages import LAMBDA_PAYLOAD_LIMIT
 
-from freeinference_batch_local.template import function_properties
+from freeinference_batch_local.cloudformation.template import function_properties
 
 REPO_ROOT_ENV = "FREEINFERENCE_REPO_ROOT"
 LOCAL_REGION = "us-east-1"

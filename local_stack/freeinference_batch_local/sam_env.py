@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from freeinference_batch_local.cloudformation.resources import TemplateResources, env_string
 from freeinference_batch_local.state import STATE_DIR
 
 SAM_ENV_FILE = "sam-env.json"
@@ -31,16 +32,14 @@ def container_url(value: str, host: str = DOCKER_HOST) -> str:
     return _LOOPBACK.sub(f"//{host}", value)
 
 
-def sam_env_vars(template: dict[str, Any], resources: Any, stack_env: dict[str, str],
+def sam_env_vars(template: dict[str, Any], resources: TemplateResources, stack_env: dict[str, str],
                  host: str = DOCKER_HOST) -> dict[str, dict[str, str]]:
     """SAM's env-vars document: the stack's value of every global variable, and each function's
-    own variables resolved against the stack's resources (`resources`: a TemplateResources)."""
-    from freeinference_batch_local.stack import _env_string
-
+    own variables resolved against the stack's resources."""
     function_globals = (template.get("Globals") or {}).get("Function") or {}
     declared = (function_globals.get("Environment") or {}).get("Variables") or {}
     parameters = {
-        name: container_url(stack_env[name] if name in stack_env else _env_string(resources.resolve(value)), host)
+        name: container_url(stack_env[name] if name in stack_env else env_string(resources.resolve(value)), host)
         for name, value in declared.items()
     }
     document: dict[str, dict[str, str]] = {"Parameters": parameters}
@@ -53,7 +52,7 @@ def sam_env_vars(template: dict[str, Any], resources: Any, stack_env: dict[str, 
         own = {name: value for name, value in own.items() if name not in declared or value != declared[name]}
         if own:
             document[logical_id] = {
-                name: container_url(_env_string(resources.resolve(value)), host) for name, value in own.items()
+                name: container_url(env_string(resources.resolve(value)), host) for name, value in own.items()
             }
     return document
 

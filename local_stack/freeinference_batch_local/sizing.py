@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+from freeinference_batch.core.catalog import ModelInfo
+
 
 def write_catalog(repo: Path, directory: Path | str, concurrency: int, models: list[str] | None = None) -> Path:
     """The packaged catalog with `batch_concurrency` set to `concurrency` (for `models`, default
@@ -26,8 +28,6 @@ def write_catalog(repo: Path, directory: Path | str, concurrency: int, models: l
 def write_sized_template(repo: Path, directory: Path | str, concurrency: int, model: str) -> Path:
     """template.yaml with `model`'s block sized for a `batch_concurrency` of `concurrency`, written to
     `directory`/template.yaml: pass it to the stack with the catalog `write_catalog` writes."""
-    from freeinference_batch.core.catalog import ModelInfo
-
     info = ModelInfo(input_usd_per_million_tokens=0, output_usd_per_million_tokens=0, tiers=[],
                      batch_concurrency=concurrency)
     sizes = {"WorkerConcurrency": info.worker_concurrency, "WorkerBatchSize": info.worker_batch_size,

@@ -16,7 +16,7 @@ from freeinference_batch.core.catalog import NANO_PER_USD
 from freeinference_batch.core.settings import Settings
 from freeinference_batch_client.cli import main, preflight
 from freeinference_batch_client.cli.admin import resolve_target
-from freeinference_batch_local.template import load_template
+from freeinference_batch_local.cloudformation.template import load_template
 from moto import mock_aws
 
 ACCOUNTS_TABLE = "cli-accounts"

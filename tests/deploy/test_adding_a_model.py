@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import requests
 from freeinference_batch.core.catalog import Catalog, queue_suffix
+from freeinference_batch_local.cloudformation.template import load_template, resources_of_type
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, functions_from_template
 from freeinference_batch_local.stack import LocalStack
-from freeinference_batch_local.template import load_template, resources_of_type
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "layers" / "batch_core" / "freeinference_batch" / "core" / "models.json"

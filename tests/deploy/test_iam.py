@@ -32,10 +32,11 @@ from freeinference_batch import accounts
 from freeinference_batch.core import aws
 from freeinference_batch.store import batch_table
 from freeinference_batch.worker import upstream
+from freeinference_batch_local.cloudformation.resources import TemplateResources
+from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext, load_handler
-from freeinference_batch_local.pollers import failed_message_ids, sqs_record, stream_record
-from freeinference_batch_local.stack import TemplateResources
-from freeinference_batch_local.template import function_properties, load_template, resources_of_type
+from freeinference_batch_local.triggers.dynamodb_stream import stream_record
+from freeinference_batch_local.triggers.sqs import failed_message_ids, sqs_record
 
 from tests.conftest import sample_request
 

@@ -23,8 +23,8 @@ import pytest
 from freeinference_batch.core.catalog import Catalog, ModelInfo
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.worker.memory import FUNCTION_MEMORY_MB
-from freeinference_batch_local.stack import TemplateResources
-from freeinference_batch_local.template import function_properties, load_template, resources_of_type
+from freeinference_batch_local.cloudformation.resources import TemplateResources
+from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"

@@ -1,6 +1,6 @@
-"""docs/ARCHITECTURE.md names every module of the layer's package and of the client package in
-their module tables, and every top-level entry of the repository in its layout table: a newcomer
-reads there where things live, so a module or file added without a line there fails here."""
+"""docs/ARCHITECTURE.md names every module of each package (the layer's, the client's and the local
+stack's) in its module table, and every top-level entry of the repository in its layout table: a
+newcomer reads there where things live, so a module or file added without a line there fails here."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "layers/batch_core/freeinference_batch"
 CLIENT_PACKAGE = REPO / "clients/freeinference_batch_client"
+LOCAL_PACKAGE = REPO / "local_stack/freeinference_batch_local"
 DOC = REPO / "docs/ARCHITECTURE.md"
 
 
@@ -28,6 +29,11 @@ def table(heading: str) -> list[tuple[list[str], str]]:
         first, _, rest = line.strip("|").partition("|")
         rows.append((re.findall(r"`([^`]+)`", first), rest))
     return rows
+
+
+def modules_of(package: Path) -> set[str]:
+    """The package's module paths relative to it (`x.py`, `sub/y.py`), `__init__.py` aside."""
+    return {str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "__init__.py"}
 
 
 def named_modules() -> set[str]:
@@ -66,6 +72,16 @@ def test_the_client_table_names_every_module_of_the_client_package_one_a_row():
     assert not gone, f"docs/ARCHITECTURE.md's client table names modules that do not exist: {gone}"
     shared = [first for first in rows if len(first) > 1]
     assert not shared, f"rows of the client table that name more than one module: {shared}"
+
+
+def test_the_local_stack_table_names_every_module_of_the_local_stack_one_row_each():
+    modules = modules_of(LOCAL_PACKAGE)
+    assert len(modules) > 30
+    named = [name for first, _ in table("## Package `freeinference_batch_local` (`local_stack/`)") for name in first]
+    missing = sorted(modules - set(named))
+    assert not missing, f"local-stack modules docs/ARCHITECTURE.md's local-stack table does not name: {missing}"
+    # One row per module, named by its path in the package, and no row for a module that is gone
+    assert sorted(named) == sorted(modules), f"rows that name no module or name one twice: {sorted(named)}"
 
 
 def test_the_layout_table_names_every_top_level_entry_of_the_repository():

@@ -179,7 +179,7 @@ print(json.dumps([resource for resource, required in auth_per_resource(stacks) i
 def test_the_guided_deploy_table_is_what_sam_asks() -> None:
     # The runbook's table of `sam deploy --guided` prompts: the template's parameters in its
     # order (SAM asks for each), and the functions SAM asks to confirm have no authorizer.
-    from freeinference_batch_local.template import load_template
+    from freeinference_batch_local.cloudformation.template import load_template
 
     text = README.read_text()
     table = text.split("`sam deploy --guided` asks, in order:")[1].split("\n\n")[1]

@@ -64,5 +64,5 @@ def test_every_row_names_a_test_that_exists(row: list[str]) -> None:
 def test_a_name_that_is_not_a_file_fails() -> None:
     # The check has teeth: a moved module is caught, and a placeholder is not taken for a path.
     assert not found_at("batches.py") and not found_at("webhook_urls.py")
-    assert found_at("batches/lifecycle.py") and found_at("freeinference_batch_local/aws_faults.py")
+    assert found_at("batches/lifecycle.py") and found_at("freeinference_batch_local/aws_faults/config.py")
     assert not looks_like_path("functions/<name>/app.py") and not looks_like_path("MODEL#<id>/LOAD")

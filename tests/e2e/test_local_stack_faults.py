@@ -9,7 +9,7 @@ import pytest
 
 # tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
 from conftest import ADMIN_COMMAND
-from freeinference_batch_local.aws_faults import APP_ID_ENV, FAULT_NAMES, SERVICE_APP_ID
+from freeinference_batch_local.aws_faults.config import APP_ID_ENV, FAULT_NAMES, SERVICE_APP_ID
 
 pytestmark = pytest.mark.e2e
 

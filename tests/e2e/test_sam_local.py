@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
 from freeinference_batch_local.sam_env import DOCKER_HOST, SAMPLE_EVENTS_KEY, sam_env_path
-from freeinference_batch_local.template import function_properties, load_template, resources_of_type
 
 pytestmark = pytest.mark.e2e
 

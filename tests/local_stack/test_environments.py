@@ -17,10 +17,19 @@ from pathlib import Path
 
 import boto3
 import pytest
+from freeinference_batch_local.cloudformation.template import load_template
 from freeinference_batch_local.environments import EnvironmentPool, ExecutionEnvironment, FunctionError
-from freeinference_batch_local.handlers import FunctionSpec
-from freeinference_batch_local.moto_server import MotoServer
-from freeinference_batch_local.pollers import ScheduleTimer
+from freeinference_batch_local.handlers import (
+    LOCAL_UNRESERVED_CONCURRENCY,
+    FunctionSpec,
+    functions_from_template,
+    repo_root,
+)
+from freeinference_batch_local.moto.server import MotoServer
+from freeinference_batch_local.triggers.dynamodb_stream import StreamPoller
+from freeinference_batch_local.triggers.schedules import ScheduleTimer
+
+from tests.local_stack.waiting import wait_for
 
 HANDLER = textwrap.dedent(
     '''
@@ -83,16 +92,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z" or len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
-
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture
@@ -336,60 +335,7 @@ def test_overlapping_schedule_ticks_run_in_environments_of_their_own(make_pool, 
     assert stats["max_in_flight"] == 2 and pool.stats()["max_busy"] == 2 and stats["errors"] == 0
 
 
-def test_a_schedule_tick_beyond_the_concurrency_waits_and_then_runs():
-    # Given a schedule handler that blocks until released, and a timer of concurrency 2
-    release = threading.Event()
-    started: list[float] = []
-    lock = threading.Lock()
-
-    def handler(event, context):
-        with lock:
-            started.append(time.monotonic())
-        release.wait(10)
-
-    timer = ScheduleTimer(name="SweepFunction", handler=handler, interval=0.02, max_concurrency=2).start()
-    try:
-        # When ticks keep coming while two runs are blocked
-        wait_for(lambda: timer.stats()["queued"] >= 3, what="ticks queued beyond the concurrency")
-        # Then two run side by side, no more, and the others wait (Lambda's asynchronous queue)
-        assert timer.stats()["in_flight"] == 2 and len(started) == 2
-        timer.pause()
-        queued = timer.stats()["queued"]
-        release.set()
-        # And when the runs end, the waiting ticks run
-        wait_for(lambda: timer.stats()["runs"] >= 2 + queued, what="the queued ticks to run")
-    finally:
-        release.set()
-        timer.stop(timeout=5)
-
-
-def test_a_tick_that_waited_longer_than_the_event_age_is_dropped():
-    # Given a schedule whose one run blocks, and ticks that may not wait at all for it
-    release = threading.Event()
-
-    def handler(event, context):
-        release.wait(10)
-
-    timer = ScheduleTimer(name="SweepFunction", handler=handler, interval=0.02, max_concurrency=1,
-                          max_event_age=0.0).start()
-    try:
-        wait_for(lambda: timer.stats()["queued"] >= 3, what="ticks queued")
-        timer.pause()
-        release.set()
-        # Then when the run ends, the stale ticks are dropped instead of run, as Lambda's
-        # asynchronous queue drops events past MaximumEventAgeInSeconds
-        wait_for(lambda: timer.stats()["in_flight"] == 0, what="the run to end")
-        stats = timer.stats()
-        assert stats["dropped"] >= 3 and stats["queued"] == 0 and stats["runs"] == 1
-    finally:
-        release.set()
-        timer.stop(timeout=5)
-
-
 def test_each_function_of_the_template_runs_up_to_its_concurrency():
-    from freeinference_batch_local.handlers import LOCAL_UNRESERVED_CONCURRENCY, functions_from_template, repo_root
-    from freeinference_batch_local.template import load_template
-
     functions = functions_from_template(load_template(repo_root() / "template.yaml"))
     caps = {logical_id: function.concurrency for logical_id, function in functions.items()}
     # Each its reserved concurrency, the API's named by a parameter of the template (its default)
@@ -405,8 +351,6 @@ def test_each_function_of_the_template_runs_up_to_its_concurrency():
 def test_a_stream_poller_invokes_its_function_in_the_functions_environments(make_pool):
     # Given a table with a stream, and a stream poller given the function's pool (as the local
     # stack gives the status-events function's)
-    from freeinference_batch_local.pollers import StreamPoller
-
     with MotoServer() as moto:
         session = boto3.session.Session(region_name="us-east-1", aws_access_key_id="test",
                                         aws_secret_access_key="test")

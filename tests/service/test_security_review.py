@@ -10,7 +10,7 @@ from pathlib import Path
 
 from freeinference_batch.worker.upstream import CREDENTIAL_REJECTED_METRIC
 from freeinference_batch_client.cli import preflight
-from freeinference_batch_local.template import function_properties, load_template, resources_of_type
+from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
 
 from tests.conftest import sample_request
 

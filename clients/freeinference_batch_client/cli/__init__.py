@@ -2,7 +2,7 @@
 
 - `admin ...`  keys, accounts and model load (cli/admin.py), against a deployed stack, the local
   stack or the plain environment;
-- `dev`        runs the local stack in the foreground (freeinference_batch_local.stack);
+- `dev`        runs the local stack in the foreground (freeinference_batch_local.dev);
 - user commands (submit, list, results, ...) come from cli/user.py, which registers them on
   `main` with `register(main)` when it exists.
 """
@@ -33,7 +33,7 @@ main.add_command(admin.admin)
 def dev(verbose: bool) -> None:
     """Run the whole service on this machine (moto, API, workers, schedules, simulated upstream)."""
     # Imported here: the local stack pulls in moto and the handlers, which no other command needs.
-    from freeinference_batch_local.stack import run_local_stack
+    from freeinference_batch_local.dev import run_local_stack
 
     run_local_stack(verbose=verbose)
 

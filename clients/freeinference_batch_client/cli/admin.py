@@ -264,7 +264,7 @@ def set_load_command(ctx: click.Context, model: str, inflight: int) -> None:
 def preflight_command(ctx: click.Context, template_path: str) -> None:
     """Check the account before a deploy (Lambda concurrency: the unreserved pool must stay >= 100)
     and, with --stack-name, the deployed stack (the upstream credential was put in its secret)."""
-    from freeinference_batch_local.template import load_template  # PyYAML: the dev install has it
+    from freeinference_batch_local.cloudformation.template import load_template  # PyYAML: the dev install has it
 
     from freeinference_batch_client.cli import preflight
 
@@ -281,7 +281,7 @@ def preflight_command(ctx: click.Context, template_path: str) -> None:
 def faults_command(ctx: click.Context) -> None:
     """Print, as one JSON object, how many AWS faults of each name the local stack running here
     has injected (LOCAL_AWS_FAULTS; names not turned on count 0)."""
-    from freeinference_batch_local.aws_faults import FAULTS_PATH
+    from freeinference_batch_local.aws_faults.config import FAULTS_PATH
 
     if ctx.obj.get("stack_name"):
         raise click.ClickException("Only the local stack injects AWS faults; a deployed stack has none to count")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from freeinference_batch.core.settings import Settings
-from freeinference_batch_local.template import load_template
+from freeinference_batch_local.cloudformation.template import load_template
 
 REPO = Path(__file__).resolve().parents[3]
 TEMPLATES = [REPO / "template.yaml", REPO / "model/template.yaml"]

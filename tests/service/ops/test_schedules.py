@@ -13,7 +13,7 @@ import pytest
 from freeinference_batch import worker
 from freeinference_batch.core import aws
 from freeinference_batch_local.handlers import LambdaContext, load_handler, load_module, repo_root
-from freeinference_batch_local.pollers import sqs_record
+from freeinference_batch_local.triggers.sqs import sqs_record
 
 from tests.conftest import sample_request
 

@@ -7,7 +7,7 @@ from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.dynamo import values
 from freeinference_batch.store.leases import SlotBlock, new_block_holder, new_run
 from freeinference_batch.worker.fairness import AGING_SECONDS, fair_shares, keeps_slot, live_waiters, waited_its_turn
-from freeinference_batch_local.aws_limits import item_bytes
+from freeinference_batch_local.moto.limits import item_bytes
 
 NOW = 1_000.0
 

@@ -17,8 +17,8 @@ import pytest
 from freeinference_batch.core import aws
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.worker import upstream
-from freeinference_batch_local.stack import TemplateResources
-from freeinference_batch_local.template import function_properties, load_template, resources_of_type
+from freeinference_batch_local.cloudformation.resources import TemplateResources
+from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
 from moto import mock_aws
 from pydantic import ValidationError
 

@@ -9,10 +9,10 @@ from decimal import Decimal
 
 import boto3
 import pytest
-from freeinference_batch_local import moto_serialization
+from freeinference_batch_local.moto import serialization
 from moto import mock_aws
 
-from tests.local_stack.moto_tables import KEY, create_keyed_table
+from tests.local_stack.moto.tables import KEY, create_keyed_table
 
 EVERY_TYPE = {
     "pk": {"S": "p"}, "sk": {"S": "s"},
@@ -46,7 +46,7 @@ def _calls(client) -> list[Callable[[], object]]:
 
 def _bodies(installed: bool) -> list[dict]:
     if installed:
-        moto_serialization.install()
+        serialization.install()
     try:
         with mock_aws():
             client = boto3.client("dynamodb", region_name="us-east-1")
@@ -59,7 +59,7 @@ def _bodies(installed: bool) -> list[dict]:
                 call()
             return [json.loads(body, parse_float=Decimal) for body in raw]
     finally:
-        moto_serialization.uninstall()
+        serialization.uninstall()
 
 
 def test_responses_are_the_same_byte_for_value_with_and_without_the_fast_path():
@@ -69,10 +69,10 @@ def test_responses_are_the_same_byte_for_value_with_and_without_the_fast_path():
 
 
 def test_binary_values_are_base64_on_the_wire():
-    assert moto_serialization.wire_attribute_value({"B": b"\x00\x01"}) == {"B": "AAE="}
-    assert moto_serialization.wire_attribute_value({"M": {"x": {"BS": [b"a"]}}}) == {"M": {"x": {"BS": ["YQ=="]}}}
+    assert serialization.wire_attribute_value({"B": b"\x00\x01"}) == {"B": "AAE="}
+    assert serialization.wire_attribute_value({"M": {"x": {"BS": [b"a"]}}}) == {"M": {"x": {"BS": ["YQ=="]}}}
 
 
 @pytest.mark.parametrize("value", [{"S": ""}, {"L": []}, {"M": {}}, {"NULL": True}, {"BOOL": False}])
 def test_empty_and_false_values_are_kept(value):
-    assert moto_serialization.wire_attribute_value(value) == value
+    assert serialization.wire_attribute_value(value) == value

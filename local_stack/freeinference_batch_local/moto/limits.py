@@ -19,7 +19,7 @@ design and SDK documentation give; moto 5.2.5 defaults to 1 MiB, the highest val
 since 2025. A message that fits 256 KiB fits either way.
 
 The checks sit on moto's request handlers (`DynamoHandler`, `SQSBackend`), before any write, so
-they hold whichever TransactWriteItems implementation runs (moto's or `moto_transactions`').
+they hold whichever TransactWriteItems implementation runs (moto's or `transactions.py`').
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from freeinference_batch_local import aws_limits, moto_transactions
+from freeinference_batch_local.moto import limits, transactions
 from moto import mock_aws
 from moto.dynamodb.models import DynamoDBBackend
 
@@ -20,12 +20,12 @@ def aws(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    aws_limits.install()
+    limits.install()
     try:
         with mock_aws():
             yield
     finally:
-        aws_limits.uninstall()
+        limits.uninstall()
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_batch_write_item_takes_25_requests_not_26(dynamodb):
 @pytest.mark.parametrize("moto_version", ["moto's", "moto_transactions'"])
 def test_a_transaction_over_4_mb_is_refused(dynamodb, monkeypatch, moto_version):
     if moto_version == "moto_transactions'":
-        monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_transactions.transact_write_items)
+        monkeypatch.setattr(DynamoDBBackend, "transact_write_items", transactions.transact_write_items)
 
     def puts(count: int) -> list[dict]:
         return [{"Put": {"TableName": "t", "Item": item(f"{count}-{i}", ITEM_FILL)}} for i in range(count)]
@@ -129,14 +129,14 @@ def test_a_transaction_over_4_mb_is_refused(dynamodb, monkeypatch, moto_version)
 def test_transactions_refuse_an_item_over_400_kb_in_both_versions(dynamodb, monkeypatch):
     oversized = [{"Put": {"TableName": "t", "Item": item("big", 401 * KB)}}]
     refused(lambda: dynamodb.transact_write_items(TransactItems=oversized), "ValidationException")
-    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_transactions.transact_write_items)
+    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", transactions.transact_write_items)
     refused(lambda: dynamodb.transact_write_items(TransactItems=oversized), "ValidationException")
     assert "Item" not in dynamodb.get_item(TableName="t", Key={"pk": {"S": "big"}})
 
 
 def test_binary_counts_by_its_bytes_not_its_base64():
-    assert aws_limits.attribute_value_bytes({"B": b"\x00" * 300}) == 300
-    assert aws_limits.item_bytes({"ab": {"S": "é"}}) == 2 + 2
+    assert limits.attribute_value_bytes({"B": b"\x00" * 300}) == 300
+    assert limits.item_bytes({"ab": {"S": "é"}}) == 2 + 2
 
 
 def test_batch_get_item_takes_100_keys_not_101(dynamodb):
@@ -157,7 +157,7 @@ def test_batch_get_item_answers_stop_at_16_mb_and_the_rest_is_unprocessed(dynamo
     # Then the answer holds at most 16 MB and the rest come back as UnprocessedKeys
     returned = answer["Responses"]["t"]
     unprocessed = answer["UnprocessedKeys"]["t"]["Keys"]
-    assert sum(aws_limits.item_bytes(found) for found in returned) <= 16 * 1024 * 1024
+    assert sum(limits.item_bytes(found) for found in returned) <= 16 * 1024 * 1024
     assert returned and unprocessed
     assert {k["pk"]["S"] for k in unprocessed} | {f["pk"]["S"] for f in returned} == {f"k{i}" for i in range(45)}
 

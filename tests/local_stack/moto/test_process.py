@@ -6,7 +6,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import EndpointConnectionError
-from freeinference_batch_local.moto_server import MotoProcess
+from freeinference_batch_local.moto.process import MotoProcess
 
 
 def sqs_client(endpoint: str):

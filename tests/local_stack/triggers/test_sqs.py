@@ -1,4 +1,4 @@
-"""The local SQS event mappings and schedule timers, on a real moto server, with fake handlers."""
+"""The local SQS event mappings, on a real moto server, with fake handlers."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import uuid
 import boto3
 import pytest
 from freeinference_batch_local.handlers import LAMBDA_INVOKE_PAYLOAD_BYTES, invoke_payload_bytes
-from freeinference_batch_local.moto_server import MotoServer
-from freeinference_batch_local.pollers import (
+from freeinference_batch_local.moto.server import MotoServer
+from freeinference_batch_local.triggers.sqs import (
     QueuePoller,
-    ScheduleTimer,
     failed_message_ids,
     records_within_invoke_payload,
     sqs_record,
 )
+
+from tests.local_stack.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +51,6 @@ def pollers():
     yield started
     for poller in started:
         poller.stop(timeout=5)
-
-
-def wait_for(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def messages_left(sqs, url) -> int:
@@ -334,26 +325,3 @@ def test_sqs_record_without_attributes():
     record = sqs_record({"MessageId": "m", "ReceiptHandle": "r", "Body": "b", "MD5OfBody": "x"}, "arn:q")
     assert record["attributes"] == {} and record["messageAttributes"] == {}
     assert record["eventSourceARN"] == "arn:q"
-
-
-def test_schedule_timer_fires_repeatedly_with_a_scheduled_event_and_survives_errors():
-    # Given a schedule handler that fails on its first run
-    events = []
-
-    def handler(event, context):
-        events.append(event)
-        if len(events) == 1:
-            raise RuntimeError("first run fails")
-
-    # When the timer runs with a short interval
-    timer = ScheduleTimer(name="SweepFunction", handler=handler, interval=0.05, rule_name="rule-x").start()
-    try:
-        wait_for(lambda: len(events) >= 3, what="three ticks")
-    finally:
-        timer.stop()
-    # Then it kept ticking, with EventBridge's Scheduled Event payload
-    event = events[0]
-    assert event["detail-type"] == "Scheduled Event" and event["source"] == "aws.events"
-    assert event["resources"] == ["arn:aws:events:us-east-1:123456789012:rule/rule-x"]
-    assert event["detail"] == {} and event["version"] == "0" and event["time"].endswith("Z")
-    assert timer.errors == 1 and timer.runs >= 3

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pickle
 
 import boto3
-from freeinference_batch_local import moto_expressions
+from freeinference_batch_local.moto import expressions
 from moto import mock_aws
 from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 
-from tests.local_stack.moto_tables import KEY, create_keyed_table
+from tests.local_stack.moto.tables import KEY, create_keyed_table
 
 UPDATES = [
     ("SET #s = :v, n = :n ADD c :one", {":v": {"S": "running"}, ":n": {"N": "1"}, ":one": {"N": "1"}}),
@@ -32,17 +32,17 @@ def _results() -> list[dict]:
 
 def test_updates_give_the_same_items_with_and_without_the_cache():
     moto_own = _results()
-    moto_expressions.install()
+    expressions.install()
     try:
         cached = _results()
     finally:
-        moto_expressions.uninstall()
+        expressions.uninstall()
     assert cached == moto_own
     assert cached[-1]["status"] == {"S": "done"} and cached[-1]["c"] == {"N": "4"}
 
 
 def test_an_expression_is_parsed_once_and_its_tree_left_as_parsed():
-    moto_expressions.install()
+    expressions.install()
     try:
         tree = UpdateExpressionParser.make(UPDATES[0][0])
         shown = pickle.dumps(tree)  # the whole tree, node by node
@@ -50,5 +50,5 @@ def test_an_expression_is_parsed_once_and_its_tree_left_as_parsed():
         assert UpdateExpressionParser.make(UPDATES[0][0]) is tree
         assert pickle.dumps(tree) == shown  # moto's validator worked on copies
     finally:
-        moto_expressions.uninstall()
+        expressions.uninstall()
     assert UpdateExpressionParser.make(UPDATES[0][0]) is not UpdateExpressionParser.make(UPDATES[0][0])

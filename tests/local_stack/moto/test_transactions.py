@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from freeinference_batch_local import moto_transactions
+from freeinference_batch_local.moto import transactions
 from moto import mock_aws
 from moto.dynamodb.models import DynamoDBBackend
 
@@ -16,7 +16,7 @@ def table(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_transactions.transact_write_items)
+    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", transactions.transact_write_items)
     with mock_aws():
         client = boto3.client("dynamodb")
         client.create_table(TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],

@@ -6,7 +6,7 @@ several name aliases. An item's every attribute, and every entry of a map attrib
 items hold one per holder), goes through that walk, so serializing a GetItem or BatchGetItem
 response was about 40% of moto's CPU under the worker's load. An attribute value is already in
 its wire form but for binary values, so this writes it directly; the rest of the response (its
-shape, names and order) is still moto's. tests/local_stack/test_moto_serialization.py compares the two
+shape, names and order) is still moto's. tests/local_stack/moto/test_serialization.py compares the two
 on every attribute type.
 """
 

@@ -4,7 +4,7 @@ moto's UpdateItem parses its update expression twice (once to check the names an
 uses, once to run it), and the worker's few expressions come back thousands of times a run with
 only their values changing: parsing was about a tenth of moto's CPU under the worker's load. The
 parsed tree is only read (moto's validator works on a deep copy of it), so one tree per
-expression string can serve every call. tests/local_stack/test_moto_expressions.py checks both.
+expression string can serve every call. tests/local_stack/moto/test_expressions.py checks both.
 """
 
 from __future__ import annotations

@@ -1,0 +1,47 @@
+"""The local API Gateway's routes: the template's HttpApi events, matched as HTTP API matches them."""
+
+from __future__ import annotations
+
+from freeinference_batch_local.api_gateway.routes import Route, routes_from_functions, select_route
+from freeinference_batch_local.cloudformation.template import load_template
+from freeinference_batch_local.handlers import functions_from_template, repo_root
+
+from tests.local_stack.api_gateway.recorder import Recorder
+
+REPO = repo_root()
+
+
+def test_routes_come_from_the_template_http_api_events():
+    # Given the template's functions
+    functions = functions_from_template(load_template(REPO / "template.yaml"), REPO)
+    # When the routes are read from their HttpApi events
+    routes = routes_from_functions(functions.values())
+    # Then every API route of the spec is there, with its route key
+    keys = {route.route_key for route in routes}
+    assert {
+        "POST /v1/batches",
+        "GET /v1/batches",
+        "GET /v1/batches/{batch_id}",
+        "GET /v1/batches/{batch_id}/results",
+        "POST /v1/batches/{batch_id}/cancel",
+        "DELETE /v1/batches/{batch_id}",
+    } <= keys
+
+
+def test_most_specific_route_wins_and_default_catches_the_rest():
+    handler = Recorder()
+    routes = [
+        Route("ANY", "$default", handler),
+        Route("ANY", "/v1/{proxy+}", handler),
+        Route("GET", "/v1/batches/{batch_id}", handler),
+        Route("ANY", "/v1/batches/{batch_id}", handler),
+        Route("GET", "/v1/batches/special", handler),
+    ]
+    assert select_route(routes, "GET", "/v1/batches/special")[0].route_key == "GET /v1/batches/special"
+    route, params = select_route(routes, "GET", "/v1/batches/b1")
+    assert (route.route_key, params) == ("GET /v1/batches/{batch_id}", {"batch_id": "b1"})
+    assert select_route(routes, "PUT", "/v1/batches/b1")[0].route_key == "ANY /v1/batches/{batch_id}"
+    route, params = select_route(routes, "GET", "/v1/a/b/c")
+    assert (route.route_key, params) == ("ANY /v1/{proxy+}", {"proxy": "a/b/c"})
+    assert select_route(routes, "GET", "/elsewhere")[0].route_key == "$default"
+    assert select_route(routes[2:], "GET", "/v1/batches/b1/extra") is None
