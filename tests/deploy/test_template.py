@@ -29,6 +29,7 @@ from freeinference_batch_local.template import function_properties, load_templat
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
 MODEL_TEMPLATE = REPO / "model" / "template.yaml"  # one nested application of it per model
+MONITORING_TEMPLATE = REPO / "monitoring" / "template.yaml"  # the stack's other alarms, one nested application
 EVENTS = REPO / "events"
 SAM = REPO / ".tools" / "sam" / "bin" / "sam"
 # Same as the Makefile's: lets the pyenv shim resolve python3.13, which `sam build` needs.
@@ -190,6 +191,36 @@ def test_loader_expands_a_local_nested_application(tmp_path: Path) -> None:
     assert set(load_template(tmp_path / "t.yaml", nested=False)["Resources"]) == {"B", "App"}
 
 
+def test_loader_reads_a_nested_applications_outputs_in_the_parents_terms(tmp_path: Path) -> None:
+    # Given a child whose outputs name its own resource and a parameter, read by the parent
+    (tmp_path / "child.yaml").write_text(
+        "Parameters:\n  Topic: {Type: String}\n"
+        "Resources:\n  A:\n    Type: AWS::CloudWatch::Alarm\n"
+        "Outputs:\n  AArn: {Value: !GetAtt A.Arn}\n  Where: {Value: !Ref Topic}\n")
+    (tmp_path / "t.yaml").write_text(
+        "Resources:\n  T:\n    Type: AWS::SNS::Topic\n"
+        "  App:\n    Type: AWS::Serverless::Application\n    Properties:\n      Location: child.yaml\n"
+        "      Parameters: {Topic: !Ref T}\n"
+        "  D:\n    Type: AWS::CloudWatch::Dashboard\n    Properties:\n"
+        "      Body: !Sub ['${X} ${App.Outputs.Where}', {X: !GetAtt App.Outputs.AArn}]\n"
+        "      Named: !GetAtt [App, Outputs.AArn]\n"
+        "Outputs:\n  O: {Value: !GetAtt App.Outputs.Where}\n")
+    # When the parent is loaded
+    template = load_template(tmp_path / "t.yaml")
+    # Then each output reads as its value, in the parent's terms
+    dashboard = template["Resources"]["D"]["Properties"]
+    assert dashboard["Body"] == {"Fn::Sub": ["${X} ${T}", {"X": {"Fn::GetAtt": ["App/A", "Arn"]}}]}
+    assert dashboard["Named"] == {"Fn::GetAtt": ["App/A", "Arn"]}
+    assert template["Outputs"]["O"]["Value"] == {"Ref": "T"}
+    # And an output the child does not have is refused
+    (tmp_path / "t.yaml").write_text(
+        "Resources:\n  App:\n    Type: AWS::Serverless::Application\n    Properties:\n      Location: child.yaml\n"
+        "      Parameters: {Topic: t}\n"
+        "  D:\n    Type: AWS::CloudWatch::Dashboard\n    Properties:\n      Body: !GetAtt App.Outputs.Nope\n")
+    with pytest.raises(ValueError, match="no output Nope"):
+        load_template(tmp_path / "t.yaml")
+
+
 def test_a_nested_template_may_not_use_its_own_stack_name(tmp_path: Path) -> None:
     # On AWS a nested stack's AWS::StackName is its own (<parent>-<Block>-<random>), not the
     # parent's: queue names built on it would miss the <stack>-model-* pattern.
@@ -238,8 +269,8 @@ def test_nested_applications_expand_into_the_parents_terms(template: dict[str, A
 def test_cfn_lint_reports_nothing() -> None:
     cfn_lint = shutil.which("cfn-lint", path=str(Path(sys.executable).parent)) or shutil.which("cfn-lint")
     assert cfn_lint, "cfn-lint is not installed (it is in the dev extras: make install)"
-    result = subprocess.run([cfn_lint, "--", str(TEMPLATE), str(MODEL_TEMPLATE)], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run([cfn_lint, "--", str(TEMPLATE), str(MODEL_TEMPLATE), str(MONITORING_TEMPLATE)],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
@@ -297,8 +328,8 @@ def test_sam_build_succeeds(tmp_path: Path, functions: dict[str, dict[str, Any]]
 def test_no_fn_foreach() -> None:
     # The local stack and moto read the template as written; Fn::ForEach needs the
     # AWS::LanguageExtensions transform, which neither expands.
-    assert "ForEach" not in TEMPLATE.read_text()
-    assert "ForEach" not in MODEL_TEMPLATE.read_text()
+    for path in (TEMPLATE, MODEL_TEMPLATE, MONITORING_TEMPLATE):
+        assert "ForEach" not in path.read_text(), path.relative_to(REPO)
 
 
 def test_every_function_has_a_sample_event(functions: dict[str, dict[str, Any]]) -> None:
@@ -470,11 +501,13 @@ def test_every_model_block_passes_the_same_shared_resources() -> None:
     # One block per model: its ModelId and its sizes, then the same shared values.
     root = load_template(TEMPLATE, nested=False)
     child = load_template(MODEL_TEMPLATE, nested=False)
-    blocks = {i: r["Properties"] for i, r in resources_of_type(root, "AWS::Serverless::Application").items()}
+    applications = {i: r["Properties"] for i, r in resources_of_type(root, "AWS::Serverless::Application").items()}
+    blocks = {i: p for i, p in applications.items() if p["Location"] == "model/template.yaml"}
     assert blocks, "no model blocks"
+    # The one other nested application is the alarms'.
+    assert [p["Location"] for i, p in applications.items() if i not in blocks] == ["monitoring/template.yaml"]
     shared = []
     for logical_id, properties in blocks.items():
-        assert properties["Location"] == "model/template.yaml", logical_id
         assert set(properties["Parameters"]) == set(child["Parameters"]), logical_id
         shared.append({k: v for k, v in properties["Parameters"].items() if k not in PER_MODEL_PARAMETERS})
     assert all(values == shared[0] for values in shared)
