@@ -40,7 +40,7 @@ build: $(SAM)
 
 lint: $(VENV)
 	.venv/bin/ruff check .
-	.venv/bin/cfn-lint template.yaml model/template.yaml
+	.venv/bin/cfn-lint template.yaml model/template.yaml monitoring/template.yaml
 
 bench: $(VENV)
 	.venv/bin/python bench/create_and_read.py

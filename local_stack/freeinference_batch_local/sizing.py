@@ -44,7 +44,9 @@ def write_sized_template(repo: Path, directory: Path | str, concurrency: int, mo
         if count != 1:
             raise ValueError(f"the block of {model} passes {count} {name}")
     blocks[found[0]] = block
-    sized = "".join(blocks).replace("Location: model/template.yaml", f"Location: {repo / 'model' / 'template.yaml'}")
+    # Written elsewhere, the nested applications' templates (model/, monitoring/) are named by path.
+    sized = re.sub(r"(?m)^( +Location: )(?!/)(\S+)$", lambda found: f"{found.group(1)}{repo / found.group(2)}",
+                   "".join(blocks))
     path = Path(directory) / "template.yaml"
     path.write_text(sized)
     return path

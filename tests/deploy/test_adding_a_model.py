@@ -47,6 +47,7 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repo's templates, catalog and functions, with a third model added the README's way."""
     root = tmp_path_factory.mktemp("three-models")
     shutil.copytree(REPO / "model", root / "model")
+    shutil.copytree(REPO / "monitoring", root / "monitoring")
     shutil.copytree(REPO / "functions", root / "functions", ignore=shutil.ignore_patterns("__pycache__"))
     # 1. one catalog entry
     catalog = json.loads(CATALOG.read_text())

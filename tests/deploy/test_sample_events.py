@@ -1,4 +1,6 @@
-"""Every function's handler, driven by its sample event from events/ (as `sam local invoke` would)."""
+"""The sample events of events/: every function has its own (one per API route), each is what its
+event source sends, and every handler, driven by its sample event (as `sam local invoke` would),
+does what the event asks."""
 
 from __future__ import annotations
 
@@ -7,10 +9,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import boto3
 from freeinference_batch import accounts
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
+
+from tests.deploy.templates import API_ROUTES, EVENTS
 
 SAMPLE_KEY = "hyi-sample-key"
 SAMPLE_BATCH = "batch_0123456789abcdef0123456789abcdef"
@@ -166,3 +172,51 @@ def test_status_events_sample_tells_the_change_and_queues_a_delivery(harness):
 def test_webhook_delivery_sample_for_an_endpoint_that_does_not_exist_is_dropped(harness):
     answer = load_handler("webhook_delivery")(event("webhook_delivery-sqs"), LambdaContext("webhook_delivery", 256, 60))
     assert answer == {"batchItemFailures": []}
+
+
+def _sample_event_names(properties: dict[str, Any]) -> list[str]:
+    """The sample events a function must have: `<code dir>-*.json`; a schedule handler
+    `<name>_handler` has `schedule-<name>.json`."""
+    code_dir = Path(properties["CodeUri"]).name
+    handler = properties["Handler"].partition(".")[2]
+    if code_dir == "schedules":
+        return [f"schedule-{handler.removesuffix('_handler')}.json"]
+    return sorted(p.name for p in EVENTS.glob(f"{code_dir}-*.json"))
+
+
+def test_every_function_has_a_sample_event(functions: dict[str, dict[str, Any]]) -> None:
+    for logical_id, properties in functions.items():
+        names = _sample_event_names(properties)
+        assert names, f"{logical_id}: no events/{Path(properties['CodeUri']).name}-*.json"
+        for name in names:
+            assert (EVENTS / name).is_file(), f"{logical_id}: events/{name} is missing"
+
+
+def test_sample_events_are_valid_json() -> None:
+    samples = sorted(EVENTS.glob("*.json"))
+    assert samples
+    for path in samples:
+        json.loads(path.read_text())
+
+
+def test_api_sample_events_cover_every_route() -> None:
+    covered = set()
+    for path in EVENTS.glob("api-*.json"):
+        event = json.loads(path.read_text())
+        assert event["version"] == "2.0", path.name
+        method, _, route = event["routeKey"].partition(" ")
+        assert event["requestContext"]["http"]["method"] == method, path.name
+        assert event["requestContext"]["routeKey"] == event["routeKey"], path.name
+        assert event["rawPath"] == event["requestContext"]["http"]["path"], path.name
+        for name, value in (event.get("pathParameters") or {}).items():
+            route = route.replace("{" + name + "}", value)
+        assert route == event["rawPath"], f"{path.name}: pathParameters do not rebuild rawPath"
+        covered.add(event["routeKey"])
+    assert covered == {f"{method} {route}" for method, route in API_ROUTES}
+
+
+def test_worker_sample_event_is_an_sqs_batch() -> None:
+    event = json.loads((EVENTS / "worker-sqs.json").read_text())
+    (record,) = event["Records"]
+    assert record["eventSource"] == "aws:sqs"
+    assert set(json.loads(record["body"])) == {"batch_id", "model", "index", "position"}

@@ -104,6 +104,8 @@ def load_template(path: str | Path, *, nested: bool = True) -> dict[str, Any]:
 # made relative to the parent's folder, and the child's Globals applied to its functions (a
 # nested stack has its own Globals; the parent's do not reach it). The Application resource
 # itself stays, marking the block; `NESTED_KEY` on each expanded resource names its application.
+# The parent's `!GetAtt <Application>.Outputs.<Name>` (and `${<Application>.Outputs.<Name>}` in a
+# Sub) reads as the child output's value, in the parent's terms too.
 
 NESTED_KEY = "NestedIn"
 _LOCAL_PATHS = ("CodeUri", "ContentUri")
@@ -117,6 +119,7 @@ def expand_applications(template: dict[str, Any], base_dir: str | Path) -> dict[
     """`template` with its local nested applications expanded (see above); a copy."""
     out = copy.deepcopy(template)
     resources: dict[str, Any] = {}
+    outputs: dict[str, dict[str, Any]] = {}
     for logical_id, resource in (template.get("Resources") or {}).items():
         resources[logical_id] = copy.deepcopy(resource)
         if resource.get("Type") != "AWS::Serverless::Application":
@@ -127,12 +130,53 @@ def expand_applications(template: dict[str, Any], base_dir: str | Path) -> dict[
         child_path = Path(base_dir) / location
         child = load_template(child_path, nested=True)
         given = (resource.get("Properties") or {}).get("Parameters") or {}
-        for name, resolved in _nested_resources(logical_id, child, given, child_path.parent, Path(base_dir)).items():
+        nested, outputs[logical_id] = _nested_resources(logical_id, child, given, child_path.parent, Path(base_dir))
+        for name, resolved in nested.items():
             if name in resources or name in template.get("Resources", {}):
                 raise ValueError(f"{name} is defined twice")
             resources[name] = resolved
-    out["Resources"] = resources
+    out["Resources"] = _resolve_outputs(resources, outputs)
+    if "Outputs" in out:
+        out["Outputs"] = _resolve_outputs(out["Outputs"], outputs)
     return out
+
+
+def _resolve_outputs(value: Any, outputs: dict[str, dict[str, Any]]) -> Any:
+    """`value` with each reference to an expanded application's output replaced by its value."""
+    if isinstance(value, list):
+        return [_resolve_outputs(item, outputs) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        ((key, argument),) = value.items()
+        if key == "Fn::GetAtt":
+            resource, attribute = argument.split(".", 1) if isinstance(argument, str) else argument
+            if resource in outputs and attribute.startswith("Outputs."):
+                return copy.deepcopy(_output(outputs, resource, attribute))
+        if key == "Fn::Sub":
+            text, variables = (argument, {}) if isinstance(argument, str) else argument
+            variables = {name: _resolve_outputs(item, outputs) for name, item in variables.items()}
+
+            def replace(match: re.Match[str]) -> str:
+                resource, _, attribute = match.group(1).partition(".")
+                if match.group(1) in variables or resource not in outputs or not attribute.startswith("Outputs."):
+                    return match.group(0)
+                inline = _sub_text(_output(outputs, resource, attribute))
+                if inline is None:
+                    raise ValueError(f"${{{match.group(1)}}}: an output read in a Sub must be a literal, a Ref or "
+                                     "a GetAtt; use !GetAtt as a Sub variable instead")
+                return inline
+
+            text = _SUB_NAME.sub(replace, text)
+            return {"Fn::Sub": [text, variables] if variables else text}
+    return {key: _resolve_outputs(item, outputs) for key, item in value.items()}
+
+
+def _output(outputs: dict[str, dict[str, Any]], application: str, attribute: str) -> Any:
+    name = attribute.removeprefix("Outputs.")
+    if name not in outputs[application]:
+        raise ValueError(f"{application} has no output {name}")
+    return outputs[application][name]
 
 
 def _sub_text(value: Any) -> str | None:
@@ -151,7 +195,8 @@ def _sub_text(value: Any) -> str | None:
 
 
 def _nested_resources(application: str, child: dict[str, Any], given: dict[str, Any], child_dir: Path,
-                      base_dir: Path) -> dict[str, Any]:
+                      base_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The child's resources, named and written in the parent's terms, and its outputs' values."""
     if child.get("Conditions"):
         raise ValueError(f"{application}: conditions in a nested template are not expanded; keep it literal")
     parameters = child.get("Parameters") or {}
@@ -241,7 +286,7 @@ def _nested_resources(application: str, child: dict[str, Any], given: dict[str, 
             resolved["Properties"] = properties
         resolved[NESTED_KEY] = application
         out[rename(name)] = resolved
-    return out
+    return out, {name: rewrite(output["Value"]) for name, output in (child.get("Outputs") or {}).items()}
 
 
 def resources_of_type(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:

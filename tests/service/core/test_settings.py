@@ -36,7 +36,8 @@ def settings_default(variable: str) -> object:
 def test_the_root_template_passes_the_settings_it_parameterizes():
     assert set(passed_parameters(REPO / "template.yaml")) >= {
         "BATCH_MAX_REQUESTS", "BATCH_COMPLETION_WINDOW_SECONDS", "BATCH_RETENTION_SECONDS", "BATCH_MAX_ATTEMPTS",
-        "BATCH_UPSTREAM_TIMEOUT_SECONDS"}
+        "BATCH_UPSTREAM_TIMEOUT_SECONDS", "WEBHOOK_RETRY_WINDOW_SECONDS", "WEBHOOK_RETRY_BASE_SECONDS",
+        "WEBHOOK_RETRY_MAX_SECONDS"}
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: str(p.relative_to(REPO)))
@@ -54,4 +55,4 @@ def test_a_template_parameters_default_is_the_settings_default(path):
             f"{path.relative_to(REPO)}: parameter {parameter} defaults to {default}, settings.py's {variable} to "
             f"{settings_default(variable)}: make them equal")
         checked += 1
-    assert checked >= 5
+    assert checked >= 8

@@ -14,6 +14,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from freeinference_batch.core.catalog import queue_suffix
 
+# The longest visibility timeout the service sets: SQS refuses one over 12 h (43,200 s) from the
+# message's receive, and this leaves a delivery function's run (60 s) and a margin inside that.
+# WEBHOOK_RETRY_MAX_SECONDS is bounded by it, and so is the template's WebhookRetryMaxSeconds
+# (tests/deploy/test_settings_agree.py).
+SQS_MAX_VISIBILITY_SECONDS = 43_000
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="", extra="ignore", frozen=True)
@@ -88,9 +94,9 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(10.0, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
     webhook_retry_window_seconds: float = Field(86400.0, alias="WEBHOOK_RETRY_WINDOW_SECONDS", gt=0)
     webhook_retry_base_seconds: float = Field(30.0, alias="WEBHOOK_RETRY_BASE_SECONDS", ge=0)
-    # A wait is a visibility timeout, which SQS counts from the message's receive and caps at
-    # 12 h: the longest wait leaves the delivery function's run (60 s) and a margin inside it.
-    webhook_retry_max_seconds: float = Field(3600.0, alias="WEBHOOK_RETRY_MAX_SECONDS", ge=0, le=43_000)
+    # A wait is a visibility timeout, which SQS counts from the message's receive and caps.
+    webhook_retry_max_seconds: float = Field(3600.0, alias="WEBHOOK_RETRY_MAX_SECONDS", ge=0,
+                                             le=SQS_MAX_VISIBILITY_SECONDS)
     # The EventBridge bus every batch status change is put on.
     event_bus_name: str = Field("default", alias="EVENT_BUS_NAME")
 

@@ -28,13 +28,9 @@ from dataclasses import dataclass
 from freeinference_batch.core import aws, clock
 from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import WebhookDeliveryMessage, WebhookEvent, WebhookEventData, WebhookEventType
-from freeinference_batch.core.settings import Settings
+from freeinference_batch.core.settings import SQS_MAX_VISIBILITY_SECONDS, Settings
 from freeinference_batch.store.webhook_endpoints import EndpointRecord, WebhookEndpoints
 from freeinference_batch.webhooks import signing, urls
-
-# SQS refuses a visibility timeout over 12 h from the message's receive: a wait is cut to what
-# is left of that (WEBHOOK_RETRY_MAX_SECONDS is bounded below it).
-MAX_VISIBILITY_SECONDS = 43_000
 
 
 def event_body(event_id: str, event_type: str, batch_id: str, created_at: int) -> bytes:
@@ -139,6 +135,6 @@ def handle_record(settings: Settings, record: dict,
     assert verdict.delay is not None
     aws.sqs().change_message_visibility(QueueUrl=settings.webhook_delivery_queue_url,
                                         ReceiptHandle=record["receiptHandle"],
-                                        VisibilityTimeout=max(1, min(MAX_VISIBILITY_SECONDS, round(verdict.delay))))
+                                        VisibilityTimeout=max(1, min(SQS_MAX_VISIBILITY_SECONDS, round(verdict.delay))))
     logger.info("webhook delivery retried later", extra={**log, "delay": verdict.delay})
     return False
