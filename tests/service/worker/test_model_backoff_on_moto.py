@@ -8,7 +8,7 @@ from freeinference_batch.store.leases import Leases, model_slots_key
 from freeinference_batch.worker import Done, Parked, Worker
 
 from tests.conftest import sample_request
-from tests.service.worker.test_worker import MODEL, NO_RECORD, fill_slots, message_for, now
+from tests.service.worker.helpers import MODEL, NO_RECORD, fill_slots, message_for, now
 
 
 def backoff_cap(harness) -> int | None:

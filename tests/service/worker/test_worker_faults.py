@@ -9,7 +9,6 @@ import json
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -24,30 +23,19 @@ from freeinference_batch.worker import Done, InvocationState, Parked, Worker, cl
 from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
 
-from tests.conftest import StubUpstream, sample_request
-from tests.service.worker.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
-
-
-class WorkerDied(BaseException):
-    """The Lambda running the request is killed mid-run: nothing cleans up."""
-
-
-def expire_leases(harness) -> None:
-    """Move the clock past a running request's lease and a sent message's dispatch lease."""
-    harness.advance_clock(harness.settings.lease_seconds + harness.settings.batch_dispatch_lease_seconds + 60)
-
-
-def results_by_id(harness, batch_id: str) -> dict[str, dict]:
-    return {line["custom_id"]: line for line in harness.results(batch_id)}
-
-
-@pytest.fixture
-def stub(harness) -> Iterator[StubUpstream]:
-    server = StubUpstream()
-    harness.configure(UPSTREAM_BASE_URL=server.base_url)
-    yield server
-    server.stop()
-
+from tests.conftest import sample_request
+from tests.service.worker.helpers import (
+    ACCOUNT,
+    MODEL,
+    NO_RECORD,
+    WorkerDied,
+    expire_leases,
+    message_for,
+    meta_of,
+    results_by_id,
+    state_of,
+    usage_today,
+)
 
 # ---------------------------------------------------------------- runs that keep dying
 
