@@ -1,8 +1,12 @@
-"""The worker on moto, driven message by message: duplicates, lost claims and slot leases.
+"""A chain running on in one worker invocation, on moto (worker/settling.py, worker/chains.py):
+each request settles alone and the chain's next one is claimed under the same hold on the slots
+(one block of the invocation's, renewed only when it runs low), each counted once; a chain short
+of time, or whose model interactive load takes, hands over by a new message, and a big batch's
+chain yields its slot to a small waiting batch.
 
-`Worker.process` is called directly with a request message, as the handler would after parsing
-one SQS record, so each test decides exactly which delivery happens when. The messages that
-create put on the queue stay there unless a test pumps them (then they are late duplicates).
+Each test hands a chain's first message to `Worker.process` itself, as the handler would after
+parsing an SQS record; the messages create queued stay on the queue until a test runs the batch
+to its end, and are late duplicates then.
 """
 
 from __future__ import annotations
@@ -10,20 +14,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from freeinference_batch.batches import dispatch
 from freeinference_batch.core.catalog import load_catalog
-from freeinference_batch.core.schemas import RequestMessage
-from freeinference_batch.ops import schedules
 from freeinference_batch.store import accounts_table
-from freeinference_batch.store.leases import (
-    Leases,
-    SlotBlock,
-    Waiter,
-    account_slots_key,
-    entry_expiry,
-    model_slots_key,
-)
-from freeinference_batch.worker import FRESH_COPY_AFTER_RECEIVES, Done, InvocationState, Parked, Worker, gates
+from freeinference_batch.store.leases import Leases, SlotBlock, account_slots_key, entry_expiry, model_slots_key
+from freeinference_batch.worker import Done, InvocationState, Parked, Worker, gates
 from freeinference_batch.worker import upstream as upstream_client
 
 from tests.conftest import sample_request
@@ -33,8 +27,6 @@ from tests.service.worker.helpers import (
     NO_RECORD,
     TIME_LEFT,
     attempts,
-    fill_slots,
-    hold_all_model_slots,
     message_for,
     meta_of,
     now,
@@ -45,237 +37,6 @@ from tests.service.worker.helpers import (
     state_of,
     usage_today,
 )
-
-# ---------------------------------------------------------------- duplicates
-
-
-def test_duplicate_of_a_settled_request_is_dropped_without_counting_twice(harness, upstream, worker):
-    sim, _ = upstream
-    # Given a two-request batch whose first request has run and settled
-    batch = harness.create([sample_request("q-0", "First one"), sample_request("q-1", "Second one")])
-    first = message_for(harness, batch["id"], 0)
-    assert isinstance(worker.process(first, NO_RECORD), Done)
-    meta = meta_of(harness, batch["id"])
-    assert meta.status == "in_progress" and meta.completed == 1
-    usage = usage_today(harness)
-    assert usage == meta.cost_nano == one_cost("First one")
-    # When a duplicate of its message arrives (the batch still runs)
-    outcome = worker.process(first, NO_RECORD)
-    # Then it is dropped: no upstream call, no count, no cost, no usage
-    assert isinstance(outcome, Done)
-    assert attempts(sim, batch["id"], 0) == 1
-    again = meta_of(harness, batch["id"])
-    assert (again.completed, again.failed, again.running, again.cost_nano) == (
-        1,
-        0,
-        0,
-        meta.cost_nano,
-    )
-    assert usage_today(harness) == usage
-    assert state_of(harness, batch["id"], 0)["attempts"] == 1
-    # And when every queued message (including the create-time copy of the first) is delivered,
-    # the batch ends with each request counted once
-    final = harness.run_to_final(batch["id"])
-    assert final["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
-    assert attempts(sim, batch["id"], 0) == 1 and attempts(sim, batch["id"], 1) == 1
-    assert meta_of(harness, batch["id"]).cost_nano == one_cost("First one") + one_cost("Second one")
-    assert usage_today(harness) == one_cost("First one") + one_cost("Second one")
-
-
-def test_duplicate_arriving_while_the_request_runs_is_kept_until_it_settles(harness, upstream, worker, monkeypatch):
-    sim, _ = upstream
-    batch = harness.create([sample_request("q-0", "Running now")])
-    message = message_for(harness, batch["id"], 0)
-    real_call = upstream_client.call
-    seen: list = []
-    holders: list[int] = []
-
-    def call_with_a_duplicate(*args, **kwargs):
-        # While the first delivery waits on the model, a second delivery of the same message
-        seen.append(Worker(harness.settings).process(message, NO_RECORD))
-        holders.append(len(Leases(harness.settings).holders(model_slots_key(MODEL))))
-        return real_call(*args, **kwargs)
-
-    monkeypatch.setattr(upstream_client, "call", call_with_a_duplicate)
-    assert isinstance(worker.process(message, NO_RECORD), Done)
-    monkeypatch.setattr(upstream_client, "call", real_call)
-    # Then the duplicate did not call the model and was kept until the run's lease ends (it may be
-    # the very message the run holds, made visible again through an older receipt handle: deleting
-    # it could lose the chain's token); once the request has settled, a delivery drops it
-    assert len(seen) == 1 and isinstance(seen[0], Parked) and seen[0].seconds >= 1
-    # (it gave back the slot it took before its claim failed: only the run's is held)
-    assert holders == [1]
-    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
-    assert isinstance(Worker(harness.settings).process(message, NO_RECORD), Done)
-    assert attempts(sim, batch["id"], 0) == 1
-    final = harness.batch(batch["id"])
-    assert final["status"] == "completed"
-    assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
-    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == one_cost("Running now")
-
-
-# ---------------------------------------------------------------- lost claims
-
-
-def test_settle_after_the_claim_was_taken_back_changes_nothing(harness, upstream, worker, monkeypatch):
-    sim, _ = upstream
-    # Given a request whose worker stalls in the upstream call past its lease, so that the sweep
-    # takes the request back and re-sends it
-    batch = harness.create([sample_request("q-0", "Slow worker")])
-    message = message_for(harness, batch["id"], 0)
-    real_call = upstream_client.call
-    swept: list[dict] = []
-
-    def stalled_call(*args, **kwargs):
-        harness.advance_clock(harness.settings.lease_seconds + harness.settings.batch_dispatch_lease_seconds + 60)
-        swept.append(schedules.sweep(harness.settings))
-        return real_call(*args, **kwargs)
-
-    monkeypatch.setattr(upstream_client, "call", stalled_call)
-    # When the stalled worker gets its (successful) answer and tries to settle
-    outcome = worker.process(message, NO_RECORD)
-    monkeypatch.setattr(upstream_client, "call", real_call)
-    # Then the settle does nothing: not completed, not charged; the request is queued again
-    assert isinstance(outcome, Done)
-    assert swept and swept[0]["recovered"] == 1 and swept[0]["resent"] == 1
-    meta = meta_of(harness, batch["id"])
-    assert meta.completed == 0 and meta.running == 0 and meta.cost_nano == 0
-    assert usage_today(harness) == 0
-    state = state_of(harness, batch["id"], 0)
-    assert state["status"] == "queued" and "claim" not in state and "response" not in state
-    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
-    assert Leases(harness.settings).holders(account_slots_key(ACCOUNT)) == {}
-    # And the re-sent message runs it again, and that run alone counts
-    final = harness.run_to_final(batch["id"])
-    assert final["status"] == "completed"
-    assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
-    assert attempts(sim, batch["id"], 0) == 2
-    assert meta_of(harness, batch["id"]).cost_nano == usage_today(harness) == one_cost("Slow worker")
-    assert state_of(harness, batch["id"], 0)["attempts"] == 2
-
-
-# ---------------------------------------------------------------- slots
-
-
-def test_claim_is_refused_while_model_slots_are_full_and_succeeds_after_expired_leases_are_reaped(
-    harness, upstream, worker
-):
-    sim, _ = upstream
-    # Given the model's 4 batch slots held by workers that died, their leases running 30 s more
-    dead = hold_all_model_slots(harness, "dead-worker", seconds=30)
-    batch = harness.create([sample_request("q-0", "Waiting for a slot")])
-    message = message_for(harness, batch["id"], 0)
-    # When its message is delivered
-    outcome = worker.process(message, NO_RECORD)
-    # Then the claim is refused: the message waits a little, the request did not start, and a
-    # wait is not an attempt
-    assert isinstance(outcome, Parked) and 0 < outcome.seconds <= 5
-    assert attempts(sim, batch["id"], 0) == 0
-    state = state_of(harness, batch["id"], 0)
-    assert state is None or (state["status"] == "queued" and not state.get("attempts"))
-    assert meta_of(harness, batch["id"]).running == 0
-    assert set(Leases(harness.settings).holders(model_slots_key(MODEL))) == set(dead)
-    # When the dead workers' leases have expired
-    harness.advance_clock(31)
-    outcome = worker.process(message, NO_RECORD)
-    # Then the worker reaps them, claims a slot and runs the request; its own lease is released
-    assert isinstance(outcome, Done)
-    assert attempts(sim, batch["id"], 0) == 1
-    assert harness.batch(batch["id"])["status"] == "completed"
-    assert state_of(harness, batch["id"], 0)["attempts"] == 1
-    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
-
-
-def test_claim_waits_while_the_account_slots_are_used_by_interactive_requests(harness, upstream, worker):
-    sim, _ = upstream
-    # Given an account whose 16 concurrent-request slots its interactive requests all hold
-    limit = 16
-    interactive = {f"interactive-{n}": now(harness) + 3600 for n in range(limit)}
-    fill_slots(harness, account_slots_key(ACCOUNT), interactive)
-    batch = harness.create([sample_request("q-0", "Behind interactive traffic")])
-    message = message_for(harness, batch["id"], 0)
-    # Then its batch request waits without starting
-    assert isinstance(worker.process(message, NO_RECORD), Parked)
-    assert attempts(sim, batch["id"], 0) == 0
-    assert Leases(harness.settings).holders(model_slots_key(MODEL)) == {}
-    # When one interactive request finishes, Then the batch request takes its slot and runs
-    Leases(harness.settings).release_one(account_slots_key(ACCOUNT), "interactive-0")
-    assert isinstance(worker.process(message, NO_RECORD), Done)
-    assert attempts(sim, batch["id"], 0) == 1
-    assert harness.batch(batch["id"])["status"] == "completed"
-    assert set(Leases(harness.settings).holders(account_slots_key(ACCOUNT))) == set(interactive) - {"interactive-0"}
-
-
-@pytest.mark.parametrize("delivered", ["directly", "as an SQS record"])
-def test_slots_freed_after_the_gates_were_read_are_taken_at_once(harness, upstream, worker, monkeypatch, delivered):
-    sim, _ = upstream
-    # Given the model's slots all held as the worker reads its gates, and given back just after
-    # (their requests finished, or the item was being created by another worker)
-    holders = hold_all_model_slots(harness, "finishing")
-    batch = harness.create([sample_request("q-0", "A slot just freed")])
-    read_gates = worker.gates.read
-
-    def read_then_release(*args, **kwargs):
-        gates = read_gates(*args, **kwargs)
-        for holder in holders:
-            Leases(harness.settings).release_one(model_slots_key(MODEL), holder)
-        return gates
-
-    monkeypatch.setattr(worker.gates, "read", read_then_release)
-    if delivered == "directly":
-        # Then the worker sees the freed slots on its second look and runs the request, not waits
-        assert isinstance(worker.process(message_for(harness, batch["id"], 0), NO_RECORD), Done)
-    else:
-        # Then registering to wait shows the freed slots: the message comes back at once
-        outcome = worker.handle_record(received_record(harness, batch["id"], 0))
-        assert isinstance(outcome, Parked) and outcome.seconds == 0
-        assert received_record_now(harness, batch["id"], 0)
-        monkeypatch.setattr(worker.gates, "read", read_gates)
-        assert harness.run_to_final(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
-    assert attempts(sim, batch["id"], 0) == 1
-
-
-def test_a_slot_freed_while_a_chain_registers_to_wait_sends_it_back_at_once(harness, upstream, worker, monkeypatch):
-    sim, _ = upstream
-    hold_all_model_slots(harness, "running")
-    batch = harness.create([sample_request("q-0", "Freed while registering")])
-    record = received_record(harness, batch["id"], 0)
-    add_waiter = worker.leases.add_waiter
-
-    def release_then_register(*args, **kwargs):
-        # The releasing worker looks for waiters before this one is on the list: it wakes no one
-        Leases(harness.settings).release_one(model_slots_key(MODEL), "running-0")
-        return add_waiter(*args, **kwargs)
-
-    monkeypatch.setattr(worker.leases, "add_waiter", release_then_register)
-    # When the chain finds the slots full and registers as a waiter
-    outcome = worker.handle_record(record)
-    # Then it looks again and comes back at once instead of sleeping through its park
-    assert isinstance(outcome, Parked) and outcome.seconds == 0
-    assert received_record_now(harness, batch["id"], 0)
-    assert attempts(sim, batch["id"], 0) == 0
-    final = harness.run_to_final(batch["id"])
-    assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
-    assert attempts(sim, batch["id"], 0) == 1
-
-
-def test_no_claim_while_interactive_load_fills_the_model(harness, upstream, worker):
-    sim, _ = upstream
-    # Given a model whose interactive load leaves no room for batch requests
-    accounts_table.put_model_load(
-        harness.settings, MODEL, load_catalog().models[MODEL].interactive_capacity, at=int(time.time())
-    )
-    batch = harness.create([sample_request("q-0", "Model busy")])
-    message = message_for(harness, batch["id"], 0)
-    assert isinstance(worker.process(message, NO_RECORD), Parked)
-    assert attempts(sim, batch["id"], 0) == 0
-    # When the load drops, Then it runs
-    accounts_table.put_model_load(harness.settings, MODEL, 0, at=int(time.time()))
-    assert isinstance(worker.process(message, NO_RECORD), Done)
-    assert harness.batch(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
-
-
-# ---------------------------------------------------------------- chains in one invocation
 
 
 def test_a_chain_runs_on_in_one_invocation_and_each_request_counts_once(harness, upstream, worker):
@@ -496,62 +257,4 @@ def test_a_big_batch_yields_its_slot_to_a_small_waiting_batch(harness, upstream,
     assert all(attempts(sim, big["id"], n) == 1 for n in range(8))
     assert all(attempts(sim, small["id"], n) == 1 for n in range(2))
 
-
-def register_waiter(harness, slots_key: dict, record: dict, remaining: int = 1) -> Waiter:
-    """The record's chain registered as waiting on the slots item (as a parked delivery does)."""
-    message = RequestMessage.model_validate_json(record["body"])
-    waiter = Waiter(id=f"{message.batch_id}#0", batch_id=message.batch_id, model=message.model,
-                    remaining=remaining, handle=record["receiptHandle"], until=now(harness) + 60, since=now(harness))
-    leases = Leases(harness.settings)
-    assert leases.add_waiter(slots_key, slots_item(harness, slots_key), waiter, now(harness)) is not None
-    return waiter
-
-
-def slots_item(harness, slots_key: dict) -> dict | None:
-    return Worker(harness.settings).waiting.read_slots([slots_key])[0]
-
-
-def test_a_yielding_chain_wakes_from_what_it_read_and_looks_again_where_that_is_stale(harness, upstream, worker):
-    # Given a yielding chain's read of the slots: one batch waiting on the model's slots, none on
-    # the account's
-    fill_slots(harness, model_slots_key(MODEL), {})
-    fill_slots(harness, account_slots_key(ACCOUNT), {})
-    batches = [harness.create([sample_request("q-0", f"Waiting {n}")]) for n in range(3)]
-    first, second, third = (received_record(harness, batch["id"], 0) for batch in batches)
-    taken = register_waiter(harness, model_slots_key(MODEL), first)
-    read = [slots_item(harness, model_slots_key(MODEL)), slots_item(harness, account_slots_key(ACCOUNT))]
-    # and, since that read, the model's waiter woken by another worker, a second batch waiting
-    # on the model and a third on the account
-    assert Leases(harness.settings).take_waiter(model_slots_key(MODEL), taken)
-    register_waiter(harness, model_slots_key(MODEL), second)
-    register_waiter(harness, account_slots_key(ACCOUNT), third)
-    # When the chain, having released its slots, wakes waiters from what it read
-    worker.waiting.wake_waiters(message_for(harness, batches[0]["id"], 0), ACCOUNT, now(harness), known=read)
-    # Then the waiters it could not know of are woken from a fresh read, and none is left listed
-    assert received_record_now(harness, batches[1]["id"], 0)
-    assert received_record_now(harness, batches[2]["id"], 0)
-    assert not received_record_now(harness, batches[0]["id"], 0)  # taken by the other worker, not made visible here
-    for slots_key in (model_slots_key(MODEL), account_slots_key(ACCOUNT)):
-        assert not (slots_item(harness, slots_key) or {}).get("waiters")
-
-
-def test_a_fresh_copy_of_a_long_waiting_message_keeps_its_place_among_the_waiters(harness, worker, monkeypatch):
-    # Given a chain whose message has waited for a slot so often that it is replaced by a copy
-    sent: list[RequestMessage] = []
-    real_send = dispatch.send
-    monkeypatch.setattr(dispatch, "send", lambda settings, messages, **kw: (sent.extend(messages),
-                                                                             real_send(settings, messages, **kw)))
-    batch = harness.create([sample_request("q-0")])
-    sent.clear()
-    hold_all_model_slots(harness, "others")
-    record = received_record(harness, batch["id"], 0)
-    began = float(record["attributes"]["SentTimestamp"]) / 1000 - 3600  # it waits for an hour
-    record["attributes"] = {**record["attributes"], "SentTimestamp": str(int(began * 1000)),
-                            "ApproximateReceiveCount": str(FRESH_COPY_AFTER_RECEIVES)}
-    # When it is delivered again and still finds the slots full
-    assert isinstance(worker.handle_record(record), Done)  # the copy replaces it
-    # Then the copy carries when the wait began, so it stays ahead of chains that waited less
-    (copy,) = sent
-    assert (copy.batch_id, copy.position) == (batch["id"], 0)
-    assert copy.waiting_since == pytest.approx(began, abs=1)
 
