@@ -1,300 +1,42 @@
-"""The execution engine on the local stack: retries, owner re-checks, quota, tiers, slots,
-fairness and exact cost (the spec's "How batches run").
-
-The stacks here call a simulated upstream that runs in this test process, so the tests read its
-counters directly: attempts per request (`"<batch_id>:<position>"`, the worker's request id
-header) and the most chat requests it served at once. Each test waits for its batches to
-finish, so the counters of one test are not disturbed by another's requests.
+"""The engine re-checks a batch's owner on the local stack (the spec's "How batches run"): revoking
+the creating key or suspending the account mid-batch fails the batch once its running requests
+finish; a used-up daily quota pauses the owner's batches and answers 429 until the next 00:00 UTC,
+then they resume; a tier without batch access makes them wait, and regaining it resumes them.
 
 Where the API cannot show something (every call with a key whose quota is used up answers 429;
 a suspended account's keys answer 401), the tests read the batch item from the stack's moto
-server, found through the stack's state file.
+server, found through the stack's state file. The stacks call a simulated upstream in this test
+process (conftest.py's `sim`), whose counters the tests read directly. Each test waits for its
+batches to finish, so the counters of one test are not disturbed by another's requests.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import boto3
 import pytest
 
-# tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
-from conftest import SHORT_TIMINGS, Api, StackProcess, launch_stack, wait_for
+# tests/e2e is not a package: pytest imports its conftest, and its tests their helpers, as top-level modules.
+from conftest import Api, wait_for
+from engine_helpers import (
+    POLL,
+    Store,
+    attempts,
+    expected_cost_nano,
+    hold_for,
+    item,
+    predicted_cost_nano,
+    statuses,
+    submit,
+    wait_final,
+    wait_status,
+)
 from freeinference_batch.core import clock
-from freeinference_batch.core.catalog import NANO_PER_USD, load_catalog
-from freeinference_batch.store.accounts_table import usage_item_key
-from freeinference_batch.store.batch_table import meta_key
-from freeinference_batch.store.dynamo import from_item
+from freeinference_batch.core.catalog import NANO_PER_USD
 from freeinference_batch.worker import ACCESS_WAIT_SECONDS
-from freeinference_batch_local.upstream_sim import UpstreamSimulator, prompt_tokens, reply_for
 
 pytestmark = pytest.mark.e2e
-
-FLASH = "glm-5.3-flash"
-QWEN = "qwen3.6-35b"
-FINAL = ("completed", "failed", "expired", "cancelled")
-# Fast retries: a request that is retried 8 times still settles in a few seconds.
-FAST_RETRIES = {"BATCH_RETRY_BASE_SECONDS": "0.05", "BATCH_RETRY_MAX_SECONDS": "0.5", "BATCH_SCHEDULE_SECONDS": "1"}
-CATALOG = load_catalog()
-POLL = 0.25  # seconds between polls of the API
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def item(custom_id: str, content: str = "Say hello.", model: str = FLASH, **body: Any) -> dict:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": model, "messages": [{"role": "user", "content": content}], **body},
-    }
-
-
-def submit(api: Api, items: list[dict]) -> dict:
-    answer = api.create_batch(items)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
-
-
-def statuses(results: list[dict]) -> dict[str, int]:
-    counted: dict[str, int] = {}
-    for result in results:
-        counted[result["status"]] = counted.get(result["status"], 0) + 1
-    return counted
-
-
-def expected_cost_nano(results: list[dict]) -> int:
-    """What the completed results should have cost: their usage times the catalog's prices."""
-    total = 0
-    for result in results:
-        if result["status"] != "completed":
-            continue
-        body = result["response"]["body"]
-        usage = body["usage"]
-        total += CATALOG.models[body["model"]].cost_nano(usage["prompt_tokens"], usage["completion_tokens"])
-    return total
-
-
-def predicted_cost_nano(content: str, model: str = FLASH) -> int:
-    """The cost of one request before it runs (the simulator's replies are deterministic)."""
-    messages = [{"role": "user", "content": content}]
-    text, _ = reply_for(model, messages, None)
-    return CATALOG.models[model].cost_nano(prompt_tokens(messages), len(text.split()))
-
-
-class Store:
-    """Direct reads of a stack's tables on its moto server (what the API cannot show)."""
-
-    def __init__(self, stack: StackProcess) -> None:
-        env = json.loads(stack.state_file.read_text())["env"]
-        self.batch_table = env["BATCH_TABLE_NAME"]
-        self.accounts_table = env["ACCOUNTS_TABLE_NAME"]
-        self.client = boto3.client(
-            "dynamodb",
-            endpoint_url=env["AWS_ENDPOINT_URL"],
-            region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID", "test"),
-            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", "test"),
-        )
-
-    def meta(self, batch_id: str) -> dict:
-        answer = self.client.get_item(TableName=self.batch_table, Key=meta_key(batch_id), ConsistentRead=True)
-        found = from_item(answer.get("Item"))
-        assert found is not None, f"no batch item for {batch_id}"
-        return found
-
-    def usage_nano(self, account_id: str, day: str) -> int:
-        answer = self.client.get_item(
-            TableName=self.accounts_table, Key=usage_item_key(account_id, day), ConsistentRead=True
-        )
-        found = from_item(answer.get("Item")) or {}
-        return int(found.get("cost_nano", 0))
-
-
-def attempts(sim: UpstreamSimulator, batch_id: str, position: int) -> int:
-    return sim.attempts_by_request.get(f"{batch_id}:{position}", 0)
-
-
-def wait_status(api: Api, batch_id: str, wanted: tuple[str, ...], timeout: float = 60.0) -> dict:
-    """Poll the batch (not too often: the local moto server serializes every call) until its
-    status is one of `wanted`."""
-    last: dict = {}
-
-    def reached() -> dict | None:
-        nonlocal last
-        last = api.batch(batch_id)
-        return last if last["status"] in wanted else None
-
-    try:
-        return wait_for(reached, timeout=timeout, interval=POLL, message=f"batch {batch_id} in {wanted}")
-    except AssertionError as error:
-        raise AssertionError(f"{error}; last seen: {last}") from None
-
-
-def wait_final(api: Api, batch_id: str, timeout: float = 60.0) -> dict:
-    return wait_status(api, batch_id, FINAL, timeout)
-
-
-def hold_for(seconds: float, invariant, message: str) -> None:
-    """Assert `invariant()` stays true for `seconds` (polling): for things that must NOT happen."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert invariant(), message
-        time.sleep(0.1)
-
-
-# ---------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def sim() -> Iterator[UpstreamSimulator]:
-    simulator = UpstreamSimulator()
-    simulator.start()
-    yield simulator
-    simulator.stop()
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory, sim: UpstreamSimulator) -> Iterator[StackProcess]:
-    """One stack for most tests: default limits, fast retries, the test process's simulator."""
-    process = launch_stack(
-        tmp_path_factory.mktemp("engine"), **{**SHORT_TIMINGS, **FAST_RETRIES, "UPSTREAM_BASE_URL": sim.base_url}
-    )
-    yield process
-    process.stop()
-
-
-@pytest.fixture
-def own_stack(tmp_path: Path, sim: UpstreamSimulator) -> Iterator:
-    """`own_stack(**env)`: a stack of the test's own, calling the test process's simulator."""
-    mine: list[StackProcess] = []
-
-    def start(**env: str) -> StackProcess:
-        process = launch_stack(
-            tmp_path / f"stack-{len(mine)}",
-            **{**SHORT_TIMINGS, **FAST_RETRIES, "UPSTREAM_BASE_URL": sim.base_url, **env},
-        )
-        mine.append(process)
-        return process
-
-    yield start
-    for process in mine:
-        process.stop()
-
-
-# ---------------------------------------------------------------- retries and error codes
-
-# (directive, final status, error code, HTTP status, attempts the simulator sees)
-OUTCOMES = {
-    "fail-503-twice": ("[sim:fail=503*2]", "completed", None, None, 3),
-    "status-400": ("[sim:status=400]", "failed", "invalid_request", 400, 1),
-    "status-422": ("[sim:status=422]", "failed", "invalid_request", 422, 1),
-    "status-403": ("[sim:status=403]", "failed", "forbidden", 403, 1),
-    "status-404": ("[sim:status=404]", "failed", "model_not_found", 404, 1),
-    "status-429": ("[sim:status=429]", "failed", "rate_limited", 429, 8),
-    "status-503": ("[sim:status=503]", "failed", "service_unavailable", 503, 8),
-    "status-500": ("[sim:status=500]", "failed", "upstream_error", 500, 8),
-    "status-502": ("[sim:status=502]", "failed", "upstream_error", 502, 8),
-}
-
-
-@pytest.fixture(scope="module")
-def outcomes(engine: StackProcess, sim: UpstreamSimulator) -> dict:
-    """One batch with a request per case of OUTCOMES, run to its end."""
-    api = engine.api()
-    names = list(OUTCOMES)
-    batch = submit(api, [item(name, f"Case {name} {OUTCOMES[name][0]}") for name in names])
-    final = wait_final(api, batch["id"], timeout=150)
-    results = {r["custom_id"]: r for r in api.results(batch["id"])}
-    seen = {name: attempts(sim, batch["id"], position) for position, name in enumerate(names)}
-    return {"batch": final, "results": results, "attempts": seen}
-
-
-@pytest.mark.parametrize("case", list(OUTCOMES))
-def test_upstream_outcome_sets_result_status_error_code_and_attempts(outcomes, case):
-    # Given a request whose upstream answers as OUTCOMES[case] says (default BATCH_MAX_ATTEMPTS=8)
-    _, status, code, http_status, expected_attempts = OUTCOMES[case]
-    result = outcomes["results"][case]
-    # Then it ends with the spec's status and error code, after exactly the expected attempts
-    assert result["status"] == status, result
-    if status == "completed":
-        assert result["error"] is None
-        assert result["response"]["status_code"] == 200
-        assert result["response"]["body"]["choices"][0]["message"]["content"].startswith("Simulated reply")
-    else:
-        assert result["response"] is None
-        assert result["error"]["code"] == code, result
-        assert result["error"]["status"] == http_status, result
-        assert result["error"]["message"]
-    assert outcomes["attempts"][case] == expected_attempts
-
-
-def test_batch_of_mixed_outcomes_completes_with_exact_counts(outcomes):
-    batch = outcomes["batch"]
-    assert batch["status"] == "completed"
-    succeeded = sum(1 for spec in OUTCOMES.values() if spec[1] == "completed")
-    assert batch["request_counts"] == {
-        "total": len(OUTCOMES),
-        "completed": succeeded,
-        "failed": len(OUTCOMES) - succeeded,
-    }
-    # Only the completed request costs anything.
-    assert batch["cost_usd"] == round(expected_cost_nano(list(outcomes["results"].values())) / NANO_PER_USD, 9)
-
-
-def test_waiting_for_a_retry_shows_queued_with_the_last_error(own_stack, sim):
-    # Given a stack whose first retry waits 1-2 s, and requests that fail once with a transient error
-    stack = own_stack(BATCH_RETRY_BASE_SECONDS="2", BATCH_RETRY_MAX_SECONDS="2")
-    api = stack.api()
-    batch = submit(api, [item("q-503", "Once [sim:fail=503*1]"), item("q-429", "Once [sim:fail=429*1]")])
-    expected = {"q-503": ("service_unavailable", 503), "q-429": ("rate_limited", 429)}
-    seen: dict[str, dict] = {}
-
-    def both_seen_waiting() -> bool:
-        for result in api.results(batch["id"]):
-            if result["status"] == "queued" and result["error"]:
-                seen.setdefault(result["custom_id"], result)
-        return set(seen) == set(expected)
-
-    # When they wait for their second attempt, Then their results read queued with the last error
-    wait_for(both_seen_waiting, timeout=20, interval=0.05, message="both requests queued with their last error")
-    for custom_id, (code, status) in expected.items():
-        assert seen[custom_id]["response"] is None
-        assert seen[custom_id]["error"]["code"] == code and seen[custom_id]["error"]["status"] == status
-    # And they then complete on their second attempt
-    final = wait_final(api, batch["id"], timeout=30)
-    assert final["status"] == "completed"
-    assert final["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
-    results = api.results(batch["id"])
-    assert all(r["status"] == "completed" and r["error"] is None for r in results)
-    assert [attempts(sim, batch["id"], p) for p in (0, 1)] == [2, 2]
-
-
-def test_hanging_upstream_ends_in_timeout_after_one_attempt(own_stack, sim):
-    # Given a 1 s upstream timeout and up to 2 attempts
-    stack = own_stack(BATCH_UPSTREAM_TIMEOUT_SECONDS="1", BATCH_MAX_ATTEMPTS="2")
-    api = stack.api()
-    # When a request never gets an answer
-    batch = submit(api, [item("hang", "Wait forever [sim:hang]"), item("fine", "A normal question")])
-    final = wait_final(api, batch["id"], timeout=45)
-    # Then it fails with timeout (504) after its one call had the most a batch request may run (a
-    # second would burn as much again); the other request is unaffected
-    assert final["status"] == "completed"
-    assert final["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
-    hang, fine = api.results(batch["id"])
-    assert hang["status"] == "failed" and hang["error"]["code"] == "timeout" and hang["error"]["status"] == 504
-    assert "took longer than the 1 s a batch request may run" in hang["error"]["message"]
-    assert fine["status"] == "completed"
-    assert attempts(sim, batch["id"], 0) == 1
-
-
-# ---------------------------------------------------------------- owner re-checks
 
 
 def _running_snapshot(api: Api, batch_id: str) -> set[str]:
@@ -520,106 +262,9 @@ def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(ow
 # ---------------------------------------------------------------- concurrency
 
 
-def _run_and_measure(api: Api, sim: UpstreamSimulator, items: list[dict]) -> tuple[dict, int]:
-    """Run a batch alone on the simulator; returns the final batch and the most calls at once."""
-    wait_for(lambda: sim.concurrent == 0, timeout=30, message="an idle upstream")
-    sim.reset_counters()
-    batch = submit(api, items)
-    final = wait_final(api, batch["id"], timeout=90)
-    return final, sim.max_concurrent
-
-
-def test_model_runs_fewer_at_once_while_its_interactive_load_is_high(engine, sim):
-    api = engine.api(engine.create_key("load-acct", tier="internal"))
-    slow = [item(f"q-{i}", f"Question {i} [sim:latency=0.3]") for i in range(5)]
-    # Given an idle model: a batch runs several requests at once (the model's batch_concurrency 4)
-    final, idle_peak = _run_and_measure(api, sim, slow)
-    assert final["status"] == "completed" and idle_peak >= 2
-    # When the model's interactive load is high (48 of 64: room for one batch request)
-    engine.admin("set-load", FLASH, "48")
-    try:
-        final, busy_peak = _run_and_measure(api, sim, slow)
-    finally:
-        engine.admin("set-load", FLASH, "0")
-    # Then batch requests run one at a time
-    assert final["status"] == "completed"
-    assert final["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
-    assert busy_peak == 1
-
-
-def test_account_concurrency_limit_caps_running_requests(engine, sim):
-    # Given an account allowed one concurrent request
-    api = engine.api(engine.create_key("one-at-a-time", tier="internal", concurrency=1))
-    peak_running = 0
-
-    # When its batch runs (observed through the results too)
-    wait_for(lambda: sim.concurrent == 0, timeout=30, message="an idle upstream")
-    sim.reset_counters()
-    batch = submit(api, [item(f"q-{i}", f"Question {i} [sim:latency=0.3]") for i in range(6)])
-
-    def finished() -> bool:
-        nonlocal peak_running
-        peak_running = max(peak_running, statuses(api.results(batch["id"])).get("running", 0))
-        return api.batch(batch["id"])["status"] in FINAL
-
-    wait_for(finished, timeout=60, message="the batch to finish")
-    # Then never more than one ran at once
-    assert api.batch(batch["id"])["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
-    assert peak_running == 1
-    assert sim.max_concurrent == 1
-
-
 # ---------------------------------------------------------------- fairness
-
-
-def test_small_batch_behind_a_large_one_finishes_first(engine, sim):
-    # Given a large batch running on a model
-    api = engine.api(engine.create_key("fair-acct", tier="internal"))
-    large = submit(api, [item(f"big-{i}", f"Big {i} [sim:latency=0.2]") for i in range(40)])
-    wait_status(api, large["id"], ("in_progress",), timeout=20)
-    # When a small batch is submitted behind it on the same model
-    small = submit(api, [item(f"small-{i}", f"Small {i} [sim:latency=0.2]") for i in range(4)])
-    small_final = wait_final(api, small["id"], timeout=90)
-    # Then the small batch finishes while the large one still has work left
-    large_then = api.batch(large["id"])
-    assert small_final["status"] == "completed"
-    assert large_then["status"] == "in_progress", large_then
-    assert large_then["request_counts"]["completed"] < 40
-    final = wait_final(api, large["id"], timeout=120)
-    assert final["status"] == "completed" and final["completed_at"] >= small_final["completed_at"]
 
 
 # ---------------------------------------------------------------- exactly once
 
 
-def test_cost_is_usage_times_prices_and_charged_once_to_the_day(engine):
-    # Given an account with no usage yet, and a batch over two models with replies of several sizes
-    api = engine.api(engine.create_key("cost-acct", tier="internal"))
-    store = Store(engine)
-    started = clock.now(engine.env["BATCH_CLOCK_OFFSET_FILE"])
-    items = [
-        item(
-            f"q-{i}",
-            " ".join(["word"] * (i + 1)) + f" number {i}",
-            model=(FLASH, QWEN)[i % 2],
-            **({"max_tokens": 3} if i % 3 == 0 else {}),
-        )
-        for i in range(10)
-    ]
-    items.append(item("bad", "Refused [sim:status=400]"))
-    batch = submit(api, items)
-    # When it completes
-    final = wait_final(api, batch["id"], timeout=60)
-    ended = clock.now(engine.env["BATCH_CLOCK_OFFSET_FILE"])
-    assert final["status"] == "completed"
-    assert final["request_counts"] == {"total": 11, "completed": 10, "failed": 1}
-    # Then its cost is the sum over its results of usage x the catalog's prices
-    results = api.results(batch["id"])
-    total_nano = expected_cost_nano(results)
-    assert total_nano > 0
-    assert final["cost_usd"] == round(total_nano / NANO_PER_USD, 9)
-    # And the account's daily usage grew by exactly that
-    days = {clock.utc_day(started), clock.utc_day(ended)}
-    assert sum(store.usage_nano("cost-acct", day) for day in days) == total_nano
-    # And reading it again changes nothing
-    assert api.batch(batch["id"])["cost_usd"] == final["cost_usd"]

@@ -1,0 +1,134 @@
+"""What the engine's end-to-end tests share: request lines and batches submitted to a stack, waits
+for a batch's status, the cost its results should have, and direct reads of a stack's tables on its
+moto server (what the API cannot show: every call with a key whose quota is used up answers 429; a
+suspended account's keys answer 401).
+
+The stacks call a simulated upstream that runs in the test process (the `sim`, `engine` and
+`own_stack` fixtures of conftest.py), so the tests read its counters directly: attempts per request
+(`"<batch_id>:<position>"`, the worker's request id header) and the most chat requests it served at
+once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import boto3
+
+# tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
+from conftest import Api, StackProcess, wait_for
+from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.store.accounts_table import usage_item_key
+from freeinference_batch.store.batch_table import meta_key
+from freeinference_batch.store.dynamo import from_item
+from freeinference_batch_local.upstream_sim import UpstreamSimulator, prompt_tokens, reply_for
+
+FLASH = "glm-5.3-flash"
+QWEN = "qwen3.6-35b"
+FINAL = ("completed", "failed", "expired", "cancelled")
+CATALOG = load_catalog()
+POLL = 0.25  # seconds between polls of the API
+
+
+def item(custom_id: str, content: str = "Say hello.", model: str = FLASH, **body: Any) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": content}], **body},
+    }
+
+
+def submit(api: Api, items: list[dict]) -> dict:
+    answer = api.create_batch(items)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def statuses(results: list[dict]) -> dict[str, int]:
+    counted: dict[str, int] = {}
+    for result in results:
+        counted[result["status"]] = counted.get(result["status"], 0) + 1
+    return counted
+
+
+def expected_cost_nano(results: list[dict]) -> int:
+    """What the completed results should have cost: their usage times the catalog's prices."""
+    total = 0
+    for result in results:
+        if result["status"] != "completed":
+            continue
+        body = result["response"]["body"]
+        usage = body["usage"]
+        total += CATALOG.models[body["model"]].cost_nano(usage["prompt_tokens"], usage["completion_tokens"])
+    return total
+
+
+def predicted_cost_nano(content: str, model: str = FLASH) -> int:
+    """The cost of one request before it runs (the simulator's replies are deterministic)."""
+    messages = [{"role": "user", "content": content}]
+    text, _ = reply_for(model, messages, None)
+    return CATALOG.models[model].cost_nano(prompt_tokens(messages), len(text.split()))
+
+
+class Store:
+    """Direct reads of a stack's tables on its moto server (what the API cannot show)."""
+
+    def __init__(self, stack: StackProcess) -> None:
+        env = json.loads(stack.state_file.read_text())["env"]
+        self.batch_table = env["BATCH_TABLE_NAME"]
+        self.accounts_table = env["ACCOUNTS_TABLE_NAME"]
+        self.client = boto3.client(
+            "dynamodb",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID", "test"),
+            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", "test"),
+        )
+
+    def meta(self, batch_id: str) -> dict:
+        answer = self.client.get_item(TableName=self.batch_table, Key=meta_key(batch_id), ConsistentRead=True)
+        found = from_item(answer.get("Item"))
+        assert found is not None, f"no batch item for {batch_id}"
+        return found
+
+    def usage_nano(self, account_id: str, day: str) -> int:
+        answer = self.client.get_item(
+            TableName=self.accounts_table, Key=usage_item_key(account_id, day), ConsistentRead=True
+        )
+        found = from_item(answer.get("Item")) or {}
+        return int(found.get("cost_nano", 0))
+
+
+def attempts(sim: UpstreamSimulator, batch_id: str, position: int) -> int:
+    return sim.attempts_by_request.get(f"{batch_id}:{position}", 0)
+
+
+def wait_status(api: Api, batch_id: str, wanted: tuple[str, ...], timeout: float = 60.0) -> dict:
+    """Poll the batch (not too often: the local moto server serializes every call) until its
+    status is one of `wanted`."""
+    last: dict = {}
+
+    def reached() -> dict | None:
+        nonlocal last
+        last = api.batch(batch_id)
+        return last if last["status"] in wanted else None
+
+    try:
+        return wait_for(reached, timeout=timeout, interval=POLL, message=f"batch {batch_id} in {wanted}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last seen: {last}") from None
+
+
+def wait_final(api: Api, batch_id: str, timeout: float = 60.0) -> dict:
+    return wait_status(api, batch_id, FINAL, timeout)
+
+
+def hold_for(seconds: float, invariant, message: str) -> None:
+    """Assert `invariant()` stays true for `seconds` (polling): for things that must NOT happen."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert invariant(), message
+        time.sleep(0.1)
