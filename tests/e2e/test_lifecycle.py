@@ -281,7 +281,7 @@ def test_killed_workers_leave_the_batch_to_finish_with_exact_counts(start_stack,
     # for a single unfinished batch. A run dies before its settle about half the time, so with
     # the default 8 attempts one of 12 requests would fail (its runs interrupted) in about 5 % of
     # runs (CI met one): attempts enough that this test is about exact counts, not that limit
-    # (test_worker_faults.py has its own test of it).
+    # (tests/service/worker/test_run_faults.py has its own test of it).
     stack = start_stack(
         tmp_path,
         BATCH_FAULT_CRASH_RATE="0.3",
