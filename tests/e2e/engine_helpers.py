@@ -1,7 +1,6 @@
 """What the engine's end-to-end tests share: request lines and batches submitted to a stack, waits
-for a batch's status, the cost its results should have, and direct reads of a stack's tables on its
-moto server (what the API cannot show: every call with a key whose quota is used up answers 429; a
-suspended account's keys answer 401).
+for a batch's status, and the cost its results should have (what the stack stored is read through
+stored_state.py).
 
 The stacks call a simulated upstream that runs in the test process (the `sim`, `engine` and
 `own_stack` fixtures of conftest.py), so the tests read its counters directly: attempts per request
@@ -11,18 +10,12 @@ once.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-import boto3
-
 # tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
-from conftest import Api, StackProcess, wait_for
+from conftest import Api, wait_for
 from freeinference_batch.core.catalog import load_catalog
-from freeinference_batch.store.accounts_table import usage_item_key
-from freeinference_batch.store.batch_table import meta_key
-from freeinference_batch.store.dynamo import from_item
 from freeinference_batch_local.upstream_sim import UpstreamSimulator, prompt_tokens, reply_for
 
 FLASH = "glm-5.3-flash"
@@ -71,35 +64,6 @@ def predicted_cost_nano(content: str, model: str = FLASH) -> int:
     messages = [{"role": "user", "content": content}]
     text, _ = reply_for(model, messages, None)
     return CATALOG.models[model].cost_nano(prompt_tokens(messages), len(text.split()))
-
-
-class Store:
-    """Direct reads of a stack's tables on its moto server (what the API cannot show)."""
-
-    def __init__(self, stack: StackProcess) -> None:
-        env = json.loads(stack.state_file.read_text())["env"]
-        self.batch_table = env["BATCH_TABLE_NAME"]
-        self.accounts_table = env["ACCOUNTS_TABLE_NAME"]
-        self.client = boto3.client(
-            "dynamodb",
-            endpoint_url=env["AWS_ENDPOINT_URL"],
-            region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID", "test"),
-            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", "test"),
-        )
-
-    def meta(self, batch_id: str) -> dict:
-        answer = self.client.get_item(TableName=self.batch_table, Key=meta_key(batch_id), ConsistentRead=True)
-        found = from_item(answer.get("Item"))
-        assert found is not None, f"no batch item for {batch_id}"
-        return found
-
-    def usage_nano(self, account_id: str, day: str) -> int:
-        answer = self.client.get_item(
-            TableName=self.accounts_table, Key=usage_item_key(account_id, day), ConsistentRead=True
-        )
-        found = from_item(answer.get("Item")) or {}
-        return int(found.get("cost_nano", 0))
 
 
 def attempts(sim: UpstreamSimulator, batch_id: str, position: int) -> int:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 # tests/e2e is not a package: pytest imports its conftest, and its tests their helpers, as top-level modules.
-from engine_helpers import FLASH, QWEN, Store, expected_cost_nano, item, submit, wait_final
+from engine_helpers import FLASH, QWEN, expected_cost_nano, item, submit, wait_final
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import NANO_PER_USD
+from stored_state import StoredState
 
 pytestmark = pytest.mark.e2e
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def test_cost_is_usage_times_prices_and_charged_once_to_the_day(engine):
     # Given an account with no usage yet, and a batch over two models with replies of several sizes
     api = engine.api(engine.create_key("cost-acct", tier="internal"))
-    store = Store(engine)
+    store = StoredState(engine)
     started = clock.now(engine.env["BATCH_CLOCK_OFFSET_FILE"])
     items = [
         item(

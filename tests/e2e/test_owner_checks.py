@@ -21,7 +21,6 @@ import pytest
 from conftest import Api, wait_for
 from engine_helpers import (
     POLL,
-    Store,
     attempts,
     expected_cost_nano,
     hold_for,
@@ -35,6 +34,7 @@ from engine_helpers import (
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import NANO_PER_USD
 from freeinference_batch.worker import ACCESS_WAIT_SECONDS
+from stored_state import StoredState
 
 pytestmark = pytest.mark.e2e
 
@@ -107,7 +107,7 @@ def test_suspending_the_account_mid_batch_fails_the_batch(engine, sim):
     # Given a batch of slow requests of its own account
     key = engine.create_key("suspend-acct", tier="internal")
     api = engine.api(key)
-    store = Store(engine)
+    store = StoredState(engine)
     # (each chain's requests outlast the 5 s a running chain may reuse its owner's state for:
     # worker/gates.py OWNER_REUSE_SECONDS)
     batch = submit(api, [item(f"q-{i}", f"Slow question {i} [sim:latency=1.5]") for i in range(REQUESTS)])
@@ -147,7 +147,7 @@ def test_used_up_quota_pauses_batches_answers_429_and_resumes_after_midnight(own
     quota_usd = one * 1.6 / NANO_PER_USD
     key = stack.create_key("quota-acct", tier="internal", daily_quota_usd=quota_usd, concurrency=1)
     api = stack.api(key)
-    store = Store(stack)
+    store = StoredState(stack)
     batch = submit(api, [item(f"q-{i}", content) for i in range(3)])
     # When its usage passes the quota (after two requests)
     meta = wait_for(
@@ -209,7 +209,7 @@ def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(ow
     stack = own_stack(BATCH_DISPATCH_LEASE_SECONDS="3")
     key = stack.create_key("tier-acct", tier="internal")
     api = stack.api(key)
-    store = Store(stack)
+    store = StoredState(stack)
     batch = submit(api, [item(f"q-{i}", f"Question {i} [sim:latency=1]") for i in range(TIER_REQUESTS)])
     other = submit(api, [item(f"o-{i}", f"Other {i} [sim:latency=1]") for i in range(8)])
     wait_for(lambda: _running_snapshot(api, batch["id"]), timeout=20, interval=0.1, message="a running request")
