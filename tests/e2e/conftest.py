@@ -3,7 +3,10 @@
 - `stack` (session): one stack with default settings and short timings (`SHORT_TIMINGS`);
 - `start_stack(tmp_path, **env)`: a stack of the test's own, with env overrides
   (e.g. `BATCH_COMPLETION_WINDOW_SECONDS="5"`); stopped at the end of the test;
-- `api` (function): an `Api` for the session stack with its dev key.
+- `api` (function): an `Api` for the session stack with its dev key;
+- `sim` (module): a simulated upstream in the test process; `engine` (module): a stack calling it,
+  with fast retries (`FAST_RETRIES`); `own_stack(**env)`: a stack of the test's own calling it
+  (tests/e2e/engine_helpers.py has what the tests of such stacks share).
 
 A `StackProcess` has `base_url`, `key` (the dev key, internal tier), `cwd` (where its
 `.local-stack/state.json` lives), `api(key=None)`, `admin(*args)` and `create_key(account, ...)`
@@ -33,6 +36,7 @@ from typing import Any, TypeVar
 import pytest
 import requests
 from freeinference_batch.core import clock
+from freeinference_batch_local.upstream_sim import UpstreamSimulator
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_SECONDS = 60.0
@@ -51,6 +55,8 @@ SHORT_TIMINGS = {
     "BATCH_BACKOFF_COOLDOWN_SECONDS": "3600",
     "BATCH_RECOVERY_SECONDS": "0.5",
 }
+# Fast retries (the engine's stacks): a request that is retried 8 times still settles in a few seconds.
+FAST_RETRIES = {"BATCH_RETRY_BASE_SECONDS": "0.05", "BATCH_RETRY_MAX_SECONDS": "0.5", "BATCH_SCHEDULE_SECONDS": "1"}
 _LINE = re.compile(r"(?P<base_url>https?://\S+/v1)\b.*?(?P<key>hyi-[A-Za-z0-9_\-]+)")
 _KEY = re.compile(r"hyi-[A-Za-z0-9_\-]+")
 T = TypeVar("T")
@@ -357,3 +363,40 @@ def _stop_every_stack() -> Iterator[None]:
     for process in _started:
         with contextlib.suppress(Exception):
             process.stop()
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[UpstreamSimulator]:
+    """A simulated upstream in the test process, whose counters a test reads directly."""
+    simulator = UpstreamSimulator()
+    simulator.start()
+    yield simulator
+    simulator.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory, sim: UpstreamSimulator) -> Iterator[StackProcess]:
+    """One stack for a module's tests: default limits, fast retries, the test process's simulator."""
+    process = launch_stack(
+        tmp_path_factory.mktemp("engine"), **{**SHORT_TIMINGS, **FAST_RETRIES, "UPSTREAM_BASE_URL": sim.base_url}
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def own_stack(tmp_path: Path, sim: UpstreamSimulator) -> Iterator:
+    """`own_stack(**env)`: a stack of the test's own, calling the test process's simulator."""
+    mine: list[StackProcess] = []
+
+    def start(**env: str) -> StackProcess:
+        process = launch_stack(
+            tmp_path / f"stack-{len(mine)}",
+            **{**SHORT_TIMINGS, **FAST_RETRIES, "UPSTREAM_BASE_URL": sim.base_url, **env},
+        )
+        mine.append(process)
+        return process
+
+    yield start
+    for process in mine:
+        process.stop()

@@ -1,4 +1,4 @@
-"""The API contract over real HTTP on the session stack: a subset of tests/service/test_api_errors.py
+"""The API contract over real HTTP on the session stack: a subset of the service's tests/service/test_api_*.py
 (every status with a message naming what is wrong, no 5xx, nothing changed by bad input), the
 batch object, results and list paging, and other accounts' batches reading as not found."""
 

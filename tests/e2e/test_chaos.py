@@ -32,14 +32,14 @@ from typing import Any
 import pytest
 import requests
 
-# tests/e2e is not a package: pytest imports its conftest as the top-level module `conftest`.
+# tests/e2e is not a package: pytest imports its conftest, and its tests their helpers, as top-level modules.
 from conftest import Api, StackProcess, wait_for
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, load_catalog
 from freeinference_batch.store.accounts_table import usage_item_key
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch_local.upstream_sim import UpstreamSimulator
-from test_lifecycle import StoredState
+from stored_state import StoredState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -8,13 +8,14 @@ What the stack stored is inspected on its moto server (endpoint and names from t
 from __future__ import annotations
 
 import base64
-import json
 import os
 import time
 from typing import Any
 
-import boto3
 import pytest
+
+# tests/e2e is not a package: pytest imports its conftest, and its tests their helpers, as top-level modules.
+from stored_state import StoredState
 
 pytestmark = pytest.mark.e2e
 
@@ -44,44 +45,6 @@ def results(api, batch_id: str) -> list[dict]:
 
 def by_id(lines: list[dict]) -> dict[str, dict]:
     return {r["custom_id"]: r for r in lines}
-
-
-class StoredState:
-    """The stack's batch table and payload bucket, read straight from its moto server."""
-
-    def __init__(self, stack) -> None:
-        env = json.loads(stack.state_file.read_text())["env"]
-        options = {
-            "endpoint_url": env["AWS_ENDPOINT_URL"],
-            "region_name": env.get("AWS_DEFAULT_REGION", "us-east-1"),
-            "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
-            "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-        }
-        self.dynamodb = boto3.client("dynamodb", **options)
-        self.s3 = boto3.client("s3", **options)
-        self.table = env["BATCH_TABLE_NAME"]
-        self.bucket = env["PAYLOAD_BUCKET_NAME"]
-
-    def items(self, batch_id: str) -> list[dict]:
-        answer = self.dynamodb.query(
-            TableName=self.table,
-            KeyConditionExpression="pk = :pk",
-            ExpressionAttributeValues={":pk": {"S": f"BATCH#{batch_id}"}},
-            ConsistentRead=True,
-        )
-        return answer["Items"]
-
-    def objects(self, batch_id: str) -> list[str]:
-        answer = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"{batch_id}/")
-        return [o["Key"] for o in answer.get("Contents", [])]
-
-    def wait_until_purged(self, api, batch_id: str, timeout: float = 30.0) -> None:
-        api.wait_for(
-            lambda: not self.items(batch_id) and not self.objects(batch_id),
-            timeout=timeout,
-            interval=0.2,
-            message=f"every item and object of {batch_id} purged",
-        )
 
 
 def assert_gone(api, batch_id: str) -> None:
@@ -281,7 +244,7 @@ def test_killed_workers_leave_the_batch_to_finish_with_exact_counts(start_stack,
     # for a single unfinished batch. A run dies before its settle about half the time, so with
     # the default 8 attempts one of 12 requests would fail (its runs interrupted) in about 5 % of
     # runs (CI met one): attempts enough that this test is about exact counts, not that limit
-    # (test_worker_faults.py has its own test of it).
+    # (tests/service/worker/test_run_faults.py has its own test of it).
     stack = start_stack(
         tmp_path,
         BATCH_FAULT_CRASH_RATE="0.3",

@@ -7,9 +7,9 @@ import json
 
 import requests
 from freeinference_batch.core.pages import LAMBDA_PAYLOAD_LIMIT
-from freeinference_batch.store.batch_table import BatchTable
 
 from tests.conftest import capture_answers, sample_request
+from tests.service.helpers import completion, store_completed
 
 # Non-ASCII text, inside and outside the BMP: 6 and 12 bytes a character once JSON-escaped.
 TEXT = "Ünïcödé «quoted» \"text\" \\ 😀 "
@@ -18,23 +18,6 @@ TEXT = "Ünïcödé «quoted» \"text\" \\ 😀 "
 def payload_bytes(answer: dict) -> int:
     """The handler's return value as Lambda measures it: serialized to JSON."""
     return len(json.dumps(answer).encode())
-
-
-def completion(content: str) -> dict:
-    return {"id": "chatcmpl-x", "object": "chat.completion", "model": "glm-5.3-flash",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}}
-
-
-def store_completed(harness, batch_id: str, position: int, body: dict) -> None:
-    """A completed request, stored the way the worker stores one (inline or in S3 by size)."""
-    table = BatchTable(harness.settings)
-    response = {"status_code": 200, "request_id": f"req_{position}", "body": body}
-    attributes = table.response_attributes(batch_id, position, "a-claim-token", response)
-    assert table.update_request(batch_id, position,
-                                "SET #status = :completed, " + ", ".join(f"{a} = :{a}" for a in attributes),
-                                "attribute_not_exists(pk)", names={"#status": "status"},
-                                completed="completed", **attributes)
 
 
 def read_all_results(harness, batch_id: str, answers: list[dict]) -> tuple[list[dict], list[int]]:

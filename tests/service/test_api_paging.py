@@ -1,12 +1,18 @@
-"""Listing batches at any scale, and `after` cursors that outlive their anchor (issue 12)."""
+"""Pages of results and of the batch list, on moto: results in submission order and batches newest
+first, as the spec shows them, by `limit` (default and given) and `after`, at any scale; ids
+ordered by time, and `after` cursors that outlive their anchor (issue 12)."""
 
 from __future__ import annotations
 
 import re
 
+import pytest
 from freeinference_batch.ops import schedules
 
 from tests.conftest import sample_request
+from tests.service.helpers import assert_batch_object, body_with, other_key, req
+
+RESULT_FIELDS = {"id", "custom_id", "status", "response", "error"}
 
 
 def create_many(harness, count: int, key: str | None = None, **extra) -> list[str]:
@@ -107,3 +113,99 @@ def test_malformed_after_is_still_400(harness):
         status, answer = harness.call("GET", f"/v1/batches?after={value}")
         assert status == 400, (value, answer)
         assert "after" in answer["error"]["message"] and answer["error"]["param"] == "after"
+
+
+@pytest.mark.usefixtures("one_worker_thread")
+def test_results_page_in_submission_order(harness):
+    # Given a batch mixing two models and a request that fails, run to the end
+    lines = [
+        req(
+            f"q-{i}",
+            body=body_with(
+                model="glm-5.3-flash" if i % 2 else "qwen3.6-35b",
+                messages=[{"role": "user", "content": f"Question {i}"}],
+            ),
+        )
+        for i in range(5)
+    ]
+    lines[3]["body"]["messages"][0]["content"] = "Question 3 [sim:status=400]"
+    batch = harness.create(lines)
+    # Before running, every request is listed, queued
+    status, page = harness.call("GET", f"/v1/batches/{batch['id']}/results")
+    assert status == 200, page
+    assert [r["custom_id"] for r in page["data"]] == [f"q-{i}" for i in range(5)]
+    assert all(r["status"] == "queued" and r["response"] is None for r in page["data"])
+    harness.run_to_final(batch["id"])
+    # When paged two at a time
+    pages, after = [], None
+    while True:
+        query = "?limit=2" + (f"&after={after}" if after else "")
+        status, page = harness.call("GET", f"/v1/batches/{batch['id']}/results{query}")
+        assert status == 200, page
+        assert set(page) == {"object", "data", "has_more", "first_id", "last_id"}
+        assert page["object"] == "list"
+        assert page["first_id"] == page["data"][0]["id"] and page["last_id"] == page["data"][-1]["id"]
+        pages.append(page)
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    # Then the pages are 2, 2, 1 long, in submission order, with the spec's result lines
+    assert [len(p["data"]) for p in pages] == [2, 2, 1]
+    assert [p["has_more"] for p in pages] == [True, True, False]
+    lines_read = [r for p in pages for r in p["data"]]
+    assert [r["custom_id"] for r in lines_read] == [f"q-{i}" for i in range(5)]
+    numbers = [int(re.fullmatch(r"batch_req_(\d+)", r["id"]).group(1)) for r in lines_read]
+    assert numbers == sorted(numbers) and len(set(numbers)) == 5
+    for index, line in enumerate(lines_read):
+        assert set(line) == RESULT_FIELDS
+        if index == 3:
+            assert line["status"] == "failed" and line["response"] is None
+            assert line["error"]["code"] == "invalid_request" and line["error"]["status"] == 400
+        else:
+            assert line["status"] == "completed" and line["error"] is None
+            assert line["response"]["status_code"] == 200 and isinstance(line["response"]["request_id"], str)
+            assert line["response"]["body"]["object"] == "chat.completion"
+    # And the whole set in one page reads the same
+    status, whole = harness.call("GET", f"/v1/batches/{batch['id']}/results?limit=1000")
+    assert whole["data"] == lines_read and whole["has_more"] is False
+    # After the last id there is an empty last page
+    status, empty = harness.call("GET", f"/v1/batches/{batch['id']}/results?after={lines_read[-1]['id']}")
+    assert status == 200 and empty["data"] == [] and empty["has_more"] is False, empty
+
+
+def test_results_default_limit_is_100(harness):
+    batch = harness.create([req(f"q-{i}") for i in range(130)])
+    status, page = harness.call("GET", f"/v1/batches/{batch['id']}/results")
+    assert status == 200 and len(page["data"]) == 100 and page["has_more"] is True
+    status, rest = harness.call("GET", f"/v1/batches/{batch['id']}/results?after={page['last_id']}")
+    assert [r["custom_id"] for r in page["data"] + rest["data"]] == [f"q-{i}" for i in range(130)]
+    assert rest["has_more"] is False
+
+
+def test_list_is_newest_first_with_limit_and_after(harness):
+    harness.configure(BATCH_MAX_UNFINISHED=30)
+    key = other_key(harness, "acct-lister")
+    created = [harness.call("POST", "/v1/batches", {"requests": [req()]}, key=key)[1]["id"] for _ in range(23)]
+    newest_first = created[::-1]
+    # Default limit 20
+    status, page = harness.call("GET", "/v1/batches", key=key)
+    assert status == 200, page
+    assert [b["id"] for b in page["data"]] == newest_first[:20]
+    assert page["has_more"] is True and page["first_id"] == newest_first[0] and page["last_id"] == newest_first[19]
+    for batch in page["data"]:
+        assert_batch_object(batch)
+    # Paging by limit and after
+    seen, after = [], None
+    while True:
+        query = "?limit=7" + (f"&after={after}" if after else "")
+        status, page = harness.call("GET", f"/v1/batches{query}", key=key)
+        assert status == 200, page
+        seen.extend(b["id"] for b in page["data"])
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == newest_first
+    # A deleted batch leaves the list
+    assert harness.call("DELETE", f"/v1/batches/{created[5]}", key=key)[0] == 200
+    status, page = harness.call("GET", "/v1/batches?limit=100", key=key)
+    assert [b["id"] for b in page["data"]] == [b for b in newest_first if b != created[5]]

@@ -10,16 +10,10 @@ from freeinference_batch.batches import dispatch, operations
 from freeinference_batch.ops import schedules
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed
-from freeinference_batch_local.handlers import load_module, repo_root
 
 from tests.conftest import capture_answers, sample_request
 
-
-@pytest.fixture(autouse=True)
-def _one_worker_thread(monkeypatch):
-    # moto in-process is not thread-safe: the worker runs its records one at a time here.
-    module = load_module(repo_root() / "functions" / "worker" / "app.py")
-    monkeypatch.setattr(module, "RECORD_THREADS", 1)
+pytestmark = pytest.mark.usefixtures("one_worker_thread")
 
 
 def queued_messages(harness) -> int:

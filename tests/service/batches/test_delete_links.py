@@ -10,8 +10,7 @@ from freeinference_batch.core import aws
 from freeinference_batch.store import batch_table
 
 from tests.conftest import sample_request
-from tests.service.ops.test_schedules import run_schedule
-from tests.service.test_api_page_bytes import completion, store_completed
+from tests.service.helpers import completion, run_schedule, store_completed
 
 
 def stored_responses(harness, batch_id: str) -> list[str]:

@@ -5,57 +5,21 @@ purge removes deleted batches and finished ones past retention."""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import threading
 
 import pytest
 from freeinference_batch import worker
 from freeinference_batch.core import aws
-from freeinference_batch_local.handlers import LambdaContext, load_handler, load_module, repo_root
+from freeinference_batch_local.handlers import LambdaContext
 from freeinference_batch_local.triggers.sqs import sqs_record
 
 from tests.conftest import sample_request
+from tests.service.helpers import lose_messages, position_of, run_schedule, take_messages
 
-EVENTS = repo_root() / "events"
+pytestmark = pytest.mark.usefixtures("one_worker_thread")
+
 FINAL = ("completed", "failed", "expired", "cancelled")
-
-
-@pytest.fixture(autouse=True)
-def _one_worker_thread(monkeypatch):
-    """moto in-process is not thread-safe (a cancelled transaction restores a snapshot of the whole
-    table, undoing another thread's writes), so the worker runs its records one at a time here."""
-    module = load_module(repo_root() / "functions" / "worker" / "app.py")
-    monkeypatch.setattr(module, "RECORD_THREADS", 1)
-
-
-def run_schedule(name: str) -> dict:
-    """Call `<name>_handler` with events/schedule-<name>.json, as EventBridge would."""
-    event = json.loads((EVENTS / f"schedule-{name}.json").read_text())
-    assert event["detail-type"] == "Scheduled Event"
-    handler = load_handler("schedules", f"{name}_handler")
-    return handler(event, LambdaContext(f"{name.capitalize()}Function", 256, 60))
-
-
-def take_messages(harness, model: str = "glm-5.3-flash") -> list[dict]:
-    """Receive every visible message of a model's queue (they stay in flight, unprocessed)."""
-    sqs, url = aws.sqs(), harness.queues[model]
-    taken: list[dict] = []
-    while True:
-        got = sqs.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"], MessageAttributeNames=["All"]
-        ).get("Messages", [])
-        if not got:
-            return taken
-        taken.extend(got)
-
-
-def lose_messages(harness, model: str = "glm-5.3-flash") -> int:
-    """Messages lost on the way (a crash between send and receive): gone from the queue."""
-    taken = take_messages(harness, model)
-    for message in taken:
-        aws.sqs().delete_message(QueueUrl=harness.queues[model], ReceiptHandle=message["ReceiptHandle"])
-    return len(taken)
 
 
 def visible_messages(harness, model: str = "glm-5.3-flash") -> int:
@@ -71,10 +35,6 @@ def invoke_worker(harness, messages: list[dict], model: str = "glm-5.3-flash"):
     ]
     records = [sqs_record(m, arn) for m in messages]
     return harness.worker_handler({"Records": records}, LambdaContext("worker", 512, 150))
-
-
-def position_of(message: dict) -> int:
-    return json.loads(message["Body"])["position"]
 
 
 def batch_items(harness, batch_id: str) -> list[dict]:

@@ -18,13 +18,14 @@ from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch.worker.gates import OWNER_REUSE_SECONDS
 
 from tests.conftest import sample_request
-from tests.service.ops.test_schedules import position_of, take_messages
-from tests.service.worker.test_worker import (
+from tests.service.helpers import position_of, take_messages
+from tests.service.worker.helpers import (
     ACCOUNT,
     MODEL,
     NO_RECORD,
     TIME_LEFT,
     attempts,
+    expire_leases,
     fill_slots,
     message_for,
     meta_of,
@@ -33,7 +34,6 @@ from tests.service.worker.test_worker import (
     state_of,
     usage_today,
 )
-from tests.service.worker.test_worker_faults import expire_leases
 
 
 def test_a_run_counts_its_settled_requests_now_and_then_and_all_when_it_gives_the_chain_up(

@@ -10,8 +10,8 @@ from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import from_item, values
 
 from tests.conftest import sample_request
-from tests.service.ops.test_schedules import lose_messages, position_of, run_schedule, take_messages
-from tests.service.worker.test_worker import MODEL, NO_RECORD, message_for
+from tests.service.helpers import lose_messages, position_of, run_schedule, take_messages
+from tests.service.worker.helpers import MODEL, NO_RECORD, message_for
 
 WIDTH = 4  # glm-5.3-flash's batch_concurrency in the test catalog
 

@@ -13,7 +13,7 @@ import pytest
 from freeinference_batch.core import aws
 
 from tests.conftest import sample_request
-from tests.service.worker.test_worker import meta_of, one_cost, usage_today
+from tests.service.worker.helpers import meta_of, one_cost, usage_today
 
 PLAIN_WRITES = ("update_item", "put_item", "delete_item")
 
