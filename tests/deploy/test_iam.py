@@ -30,7 +30,7 @@ import pytest
 from botocore.client import BaseClient
 from freeinference_batch import accounts
 from freeinference_batch.core import aws
-from freeinference_batch.store import batch_table
+from freeinference_batch.store import caches
 from freeinference_batch.worker import upstream
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext, load_handler
 from freeinference_batch_local.pollers import failed_message_ids, sqs_record, stream_record
@@ -303,7 +303,7 @@ def recorder(harness, monkeypatch) -> Recorder:
         def run(event: Any, context: Any) -> Any:
             # Each function has its own caches on AWS: one function's cached reads must not hide
             # another's calls here, where they share one process.
-            batch_table._chunks.clear()
+            caches.chunks.clear()
             rec.function = function()
             try:
                 return handler(event, context)
@@ -559,7 +559,7 @@ NOT_BY_FUNCTIONS = {
     ("dynamodb", "PutItem"): "accounts_table.put_model_load: `admin set-load` (and the interactive gateway)",
     # Signed locally, no call: the GET it signs is authorized as the signer's s3:GetObject on
     # the response, which the API is granted (and uses) to read responses.
-    ("s3", "GeneratePresignedUrl"): "batch_table.response_url: the client's GET of a result's body_url",
+    ("s3", "GeneratePresignedUrl"): "request_items.response_url: the client's GET of a result's body_url",
     ("cloudwatch", "GetMetricData"): "operator_status.recent_counts: `admin status`, an operator's credentials",
 }
 

@@ -28,7 +28,7 @@ from conftest import SHORT_TIMINGS, Api, StackProcess, launch_stack, wait_for
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import NANO_PER_USD, load_catalog
 from freeinference_batch.store.accounts_table import usage_item_key
-from freeinference_batch.store.batch_table import meta_key
+from freeinference_batch.store.batch_keys import meta_key
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch.worker import ACCESS_WAIT_SECONDS
 from freeinference_batch_local.upstream_sim import UpstreamSimulator, prompt_tokens, reply_for

@@ -7,7 +7,9 @@ import json
 
 import requests
 from freeinference_batch.core.pages import LAMBDA_PAYLOAD_LIMIT
+from freeinference_batch.store.batch_keys import request_key
 from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import apply_update, update_element
 
 from tests.conftest import capture_answers, sample_request
 
@@ -31,10 +33,10 @@ def store_completed(harness, batch_id: str, position: int, body: dict) -> None:
     table = BatchTable(harness.settings)
     response = {"status_code": 200, "request_id": f"req_{position}", "body": body}
     attributes = table.response_attributes(batch_id, position, "a-claim-token", response)
-    assert table.update_request(batch_id, position,
-                                "SET #status = :completed, " + ", ".join(f"{a} = :{a}" for a in attributes),
-                                "attribute_not_exists(pk)", names={"#status": "status"},
-                                completed="completed", **attributes)
+    assert apply_update(update_element(table.name, request_key(batch_id, position),
+                                       "SET #status = :completed, " + ", ".join(f"{a} = :{a}" for a in attributes),
+                                       "attribute_not_exists(pk)", {"#status": "status"},
+                                       completed="completed", **attributes))
 
 
 def read_all_results(harness, batch_id: str, answers: list[dict]) -> tuple[list[dict], list[int]]:

@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 from freeinference_batch.batches import lifecycle, views
 from freeinference_batch.core.schemas import BatchStatus
+from freeinference_batch.store.batch_keys import record_of
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import record_of
 from freeinference_batch.store.dynamo import from_item
 from pydantic import ValidationError
 

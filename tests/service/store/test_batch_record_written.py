@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from freeinference_batch.core import aws
 from freeinference_batch.core.schemas import BatchStatus
+from freeinference_batch.store.batch_keys import meta_key
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import BatchTable, meta_key
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import from_item
 
 from tests.conftest import sample_request

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
+from freeinference_batch.store.caches import CHUNK_CACHE_BYTES
 from freeinference_batch.worker import upstream
 from freeinference_batch.worker.memory import (
     BASELINE_BYTES,

@@ -24,7 +24,8 @@ from freeinference_batch.core.observability import metrics
 from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
-from freeinference_batch.store.batch_table import BatchTable, batch_id_of
+from freeinference_batch.store.batch_keys import batch_id_of
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.leases import Leases, live_slots, model_slots_key
 from freeinference_batch.worker import model_backoff
 from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL

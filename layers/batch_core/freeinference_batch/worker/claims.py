@@ -47,13 +47,13 @@ class Claims:
         log = {"batch_id": message.batch_id, "position": message.position, "model": message.model}
         if verdict.kind == "gone":
             if meta is not None:
-                lifecycle.try_finalize(self.settings, self.table, meta, now)
+                lifecycle.try_finalize(self.settings, meta, now)
             return Done()
         assert meta is not None and verdict.owner is not None
         owner = verdict.owner
         if verdict.kind == "unauthorized":
             logger.info("owner no longer valid: failing the batch", extra={**log, "reason": owner.reason})
-            lifecycle.fail_batch(self.settings, self.table, meta, now, "owner_unauthorized",
+            lifecycle.fail_batch(self.settings, meta, now, "owner_unauthorized",
                                  f"The key or account that created the batch is no longer valid: {owner.reason}")
             return Done()
         if verdict.kind == "quota":

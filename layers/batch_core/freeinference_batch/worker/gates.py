@@ -14,8 +14,9 @@ from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_keys import meta_key, record_of
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import BatchTable, meta_key, record_of
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import account_slots_key, model_slots_key
 from freeinference_batch.worker import model_backoff
