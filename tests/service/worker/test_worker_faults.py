@@ -19,10 +19,11 @@ from freeinference_batch.core import aws, clock
 from freeinference_batch.core.catalog import load_catalog
 from freeinference_batch.ops import schedules
 from freeinference_batch.store import input_chunks
-from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, account_slots_key, model_slots_key
+from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, InvocationState, Parked, Worker, claims, runner
 from freeinference_batch.worker import upstream as upstream_client
 from freeinference_batch.worker.memory import LARGE_BYTES, MIB, LargeRequests
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock, SlotBlocks
 
 from tests.conftest import StubUpstream, sample_request
 from tests.service.worker.test_worker import ACCOUNT, MODEL, NO_RECORD, message_for, meta_of, state_of, usage_today
@@ -170,7 +171,7 @@ def resend_after_applying(monkeypatch, operation: str = "UpdateItem"):
 def test_taking_a_slot_again_whose_first_answer_was_lost_succeeds_even_when_it_filled_the_slots(harness,
                                                                                               monkeypatch):
     # Given a model's slots one short of full: one gateway request and a block of two
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     key = model_slots_key(MODEL)
     now = time.time()
     assert leases.take_one(key, "interactive-0", 4, now + 3600)
@@ -194,7 +195,7 @@ def test_taking_a_slot_again_whose_first_answer_was_lost_succeeds_even_when_it_f
 
 
 def test_a_give_back_that_fails_leaves_the_slot_with_its_block_without_raising(harness, monkeypatch):
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     key = model_slots_key(MODEL)
     blocks = SlotBlocks(harness.settings)
     block = blocks.for_batch("mine")
@@ -217,7 +218,7 @@ def test_a_give_back_that_fails_leaves_the_slot_with_its_block_without_raising(h
 
 def test_a_give_back_applied_whose_answer_failed_is_read_before_the_next_write(harness, monkeypatch):
     # Given a block holding three slots of the model's item
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     key = model_slots_key(MODEL)
     block = SlotBlock("mine.b", None, 3600)
     for _ in range(3):
@@ -247,7 +248,7 @@ def test_a_block_reaped_under_its_chains_is_lost_and_they_give_up(harness, upstr
     invocation = InvocationState.new(harness.settings)
     worker = Worker(harness.settings, invocation=invocation)
     claimed = worker.claims.claim(message_for(harness, batch["id"], 0), {}, clock.now(harness.clock_file))
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     harness.advance_clock(harness.settings.slot_lease_seconds + 1)
     later = clock.now(harness.clock_file)
     assert leases.reap(model_slots_key(MODEL), later) == leases.reap(account_slots_key(ACCOUNT), later) == 0

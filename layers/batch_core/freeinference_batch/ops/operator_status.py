@@ -114,7 +114,7 @@ def _capacity(settings: Settings, leases: Leases, info: ModelInfo, name: str,
     interactive in-flight count and its backoff."""
     load = accounts_table.get_model_load(settings, name) or {}
     inflight = int(load.get("inflight", 0))
-    backoff = accounts_table.get_model_backoff(settings, name)
+    backoff = model_backoff.backoff_of(accounts_table.get_model_backoff(settings, name))
     cap = model_backoff.capped(info.batch_capacity(inflight), backoff)
     held = live_slots(leases.read(model_slots_key(name)), now)
     return cap, held, inflight, backoff

@@ -131,7 +131,7 @@ class Gatekeeper:
         return Gates(meta=meta, key_item=key_item or {}, account=account or {},
                      usage_nano=int((usage or {}).get("cost_nano", 0)), load=int((load or {}).get("inflight", 0)),
                      model_slots=model_slots, account_slots=account_slots,
-                     backoff=accounts_table.backoff_of(backoff))
+                     backoff=model_backoff.backoff_of(backoff))
 
     def judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0) -> Verdict:
         """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over."""

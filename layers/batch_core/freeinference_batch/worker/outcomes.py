@@ -12,9 +12,9 @@ from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from freeinference_batch.core.observability import metrics
 from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.leases import SlotBlock
 from freeinference_batch.store.runs import Tally
 from freeinference_batch.worker import model_backoff
+from freeinference_batch.worker.slot_blocks import SlotBlock
 
 _metrics_lock = threading.Lock()
 # Requests settled per (metric, model) in this invocation, published per model by the handler

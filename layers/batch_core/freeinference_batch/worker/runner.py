@@ -49,7 +49,6 @@ from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.leases import Leases, SlotBlocks
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker import upstream
 from freeinference_batch.worker.call_budget import Invocation, call_budget
@@ -60,6 +59,7 @@ from freeinference_batch.worker.gates import Gatekeeper, OwnerReads
 from freeinference_batch.worker.memory import FUNCTION_MEMORY_MB, large_requests
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
 from freeinference_batch.worker.settling import Settler
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlocks
 from freeinference_batch.worker.waiting import WaitingRoom
 
 UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
@@ -91,7 +91,7 @@ class Worker:
         self.settings = settings
         self.large = large_requests(settings.batch_max_body_bytes, memory_mb)
         self.table = BatchTable(settings)
-        self.leases = leases = Leases(settings)
+        self.leases = leases = BlockLeases(settings)
         catalog = load_catalog(settings.model_catalog_path)
         writes = RunWrites(settings, self.table)
         chains = Chains(settings, self.table)

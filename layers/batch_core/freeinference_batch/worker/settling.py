@@ -19,7 +19,7 @@ from freeinference_batch.core.schemas import RequestMessage, RequestStatus
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
-from freeinference_batch.store.leases import Leases, SlotBlock, slots_held
+from freeinference_batch.store.leases import slots_held
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker import upstream
 from freeinference_batch.worker.call_budget import Invocation, may_hand_over
@@ -28,6 +28,7 @@ from freeinference_batch.worker.fairness import fair_shares, keeps_slot, live_wa
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
 from freeinference_batch.worker.outcomes import Claimed, Done, Leave, Parked, count_settled, metric
 from freeinference_batch.worker.overload import adjust_model_cap
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock
 from freeinference_batch.worker.waiting import WaitingRoom
 
 # A chain that yields its slot sends its next message this late, so the woken chain comes first.
@@ -35,7 +36,7 @@ YIELD_DELAY_SECONDS = 1
 
 
 class Settler:
-    def __init__(self, settings: Settings, table: BatchTable, leases: Leases, catalog: Catalog, gates: Gatekeeper,
+    def __init__(self, settings: Settings, table: BatchTable, leases: BlockLeases, catalog: Catalog, gates: Gatekeeper,
                  waiting: WaitingRoom, chains: Chains, writes: RunWrites, crash: Callable[[str], None]) -> None:
         self.settings = settings
         self.table = table
