@@ -560,7 +560,7 @@ NOT_BY_FUNCTIONS = {
     # Signed locally, no call: the GET it signs is authorized as the signer's s3:GetObject on
     # the response, which the API is granted (and uses) to read responses.
     ("s3", "GeneratePresignedUrl"): "request_items.response_url: the client's GET of a result's body_url",
-    ("cloudwatch", "GetMetricData"): "operator_status.recent_counts: `admin status`, an operator's credentials",
+    ("cloudwatch", "GetMetricData"): "metric_data.sums: `admin status` (recent_counts), an operator's credentials",
 }
 
 

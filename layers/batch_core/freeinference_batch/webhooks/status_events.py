@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from freeinference_batch.batches import views
-from freeinference_batch.core import aws, clock
+from freeinference_batch.core import clock
 from freeinference_batch.core.schemas import (
     FINAL_STATUSES,
     BatchStatus,
@@ -30,6 +30,7 @@ from freeinference_batch.core.schemas import (
     WebhookEventType,
 )
 from freeinference_batch.core.settings import Settings
+from freeinference_batch.store import event_bus, queues
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch.store.webhook_endpoints import WebhookEndpoints
@@ -66,12 +67,7 @@ def event_id(batch_id: str, event_type: str) -> str:
 
 
 def put_event(settings: Settings, change: BatchStatusChange) -> None:
-    answer = aws.events().put_events(Entries=[{
-        "Source": EVENT_SOURCE, "DetailType": DETAIL_TYPE, "Detail": change.model_dump_json(),
-        "EventBusName": settings.event_bus_name, "Resources": [],
-    }])
-    if answer.get("FailedEntryCount"):
-        raise RuntimeError(f"PutEvents refused the event: {answer.get('Entries')}")
+    event_bus.put_event(settings.event_bus_name, EVENT_SOURCE, DETAIL_TYPE, change.model_dump_json())
 
 
 def queue_deliveries(settings: Settings, change: BatchStatusChange, meta: BatchRecord) -> int:
@@ -87,12 +83,7 @@ def queue_deliveries(settings: Settings, change: BatchStatusChange, meta: BatchR
                                queued_at=now).model_dump_json()
         for endpoint in WebhookEndpoints(settings).list(meta.account_id) if event_type in endpoint.event_types
     ]
-    for start in range(0, len(messages), 10):
-        chunk = messages[start:start + 10]
-        answer = aws.sqs().send_message_batch(QueueUrl=settings.webhook_delivery_queue_url, Entries=[
-            {"Id": str(index), "MessageBody": body} for index, body in enumerate(chunk)])
-        if answer.get("Failed"):
-            raise RuntimeError(f"SendMessageBatch refused deliveries: {answer['Failed']}")
+    queues.send_messages(settings.webhook_delivery_queue_url, messages)
     return len(messages)
 
 

@@ -8,10 +8,10 @@ import random
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch.core import aws
 from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.core.settings import Settings
+from freeinference_batch.store import queues
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.leases import Leases, Waiter, chain_slots_keys, slots_held
 from freeinference_batch.worker.chains import Chains, remaining, waiter_id, waiting_since
@@ -101,8 +101,7 @@ class WaitingRoom:
 
     def _make_visible(self, waiter: Waiter) -> None:
         try:
-            aws.sqs().change_message_visibility(QueueUrl=self.settings.model_queue_url(waiter.model),
-                                                ReceiptHandle=waiter.handle, VisibilityTimeout=0)
+            queues.change_visibility(self.settings.model_queue_url(waiter.model), waiter.handle, 0)
             metric("WaitersWoken")
         except (ClientError, KeyError):
             # Received again since (a new handle) or gone: it is running or will come back by itself.
