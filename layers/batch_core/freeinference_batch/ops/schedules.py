@@ -147,7 +147,7 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane
 def _stop_chain(writes: RunWrites, meta: BatchRecord, lane: dict, chain: int, runner: str,
                 fence_position: int | None = None) -> bool:
     """A run died holding the chain but no request: the chain is free again, one running fewer.
-    Its slot is its invocation's block's (store/leases.py), which the sweep leaves alone: the
+    Its slot is its invocation's block's (worker/slot_blocks.py), which the sweep leaves alone: the
     invocation gives it back when it ends, or, killed, its block expires. (Giving one slot back
     from here could count it twice, should the invocation give it back too.)"""
     try:

@@ -91,7 +91,7 @@ class Claims:
         # then the claim's transaction. The slots items are the table's hottest: in a transaction
         # DynamoDB would bill each of their writes twice, and transactions on them would conflict
         # with each other. An invocation that dies between the two leaves a block that no claim
-        # names: it expires (store/leases.py) and whoever next finds the slots full reaps it.
+        # names: it expires (slot_blocks.py) and whoever next finds the slots full reaps it.
         block.join(run)
         taken: list[dict] = []
         try:

@@ -70,7 +70,7 @@ class Claimed:
     meta: BatchRecord
     # The request's claim (every write of its run is conditional on it), the chain's run (its
     # `runner`, which outlives the claim: a hand-over passes it on), and the invocation's block
-    # that holds the run's two slots (store/leases.py), which a hand-over keeps without writing.
+    # that holds the run's two slots (slot_blocks.py), which a hand-over keeps without writing.
     token: str
     run: str
     block: SlotBlock

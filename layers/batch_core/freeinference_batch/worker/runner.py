@@ -6,7 +6,7 @@ calls, a request's life is:
 1. one BatchGetItem reads the batch, the owner's key, account and day's usage, the model's
    interactive load and both slot items (the gates, cheapest first);
 2. a model slot and an account slot, one conditional write each (one more slot in the
-   invocation's block of the batch's slots, see store/leases.py), then one transaction claims it:
+   invocation's block of the batch's slots, see slot_blocks.py), then one transaction claims it:
    request queued→running (attempts+1), the chain taken at its head, the batch's running count;
 3. the upstream call;
 4. the hand-over, after step 1's gates for the chain's next request: one write settles this
@@ -71,7 +71,7 @@ FRESH_COPY_AFTER_RECEIVES = 500
 @dataclass
 class InvocationState:
     """What the Workers of one invocation's records share: its holds on slots, one block per batch
-    (store/leases.py), and the owners' items its chains may reuse (gates.py)."""
+    (slot_blocks.py), and the owners' items its chains may reuse (gates.py)."""
 
     blocks: SlotBlocks
     owners: OwnerReads

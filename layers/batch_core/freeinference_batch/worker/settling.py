@@ -138,7 +138,7 @@ class Settler:
                                                    claimed.block, claimed.tally)
         cost = int(settled.get("cost_nano", 0))
         if block.lost:
-            return Leave()  # its slots expired under it (store/leases.py): queue up again
+            return Leave()  # its slots expired under it (slot_blocks.py): queue up again
         gates = self.gates.read(following, now, reuse_owner=True)
         verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost)
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
