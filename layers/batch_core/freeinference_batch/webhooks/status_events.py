@@ -3,9 +3,9 @@
 They are read from the batch table's DynamoDB stream (NEW_AND_OLD_IMAGES, the mapping filtered
 to `META` items), not written by the code that changes a status: a status changes by several
 writes (store/batch_status.py lists them), one of them inside the worker's hottest transaction
-(the first claim's), and an outbox item there would be a write per run. The stream costs no write at all, holds every
-change that committed (a function that dies after its commit still notifies), keeps a record
-24 hours, and Lambda retries a record until it succeeds: at least once. A record read twice
+(the first claim's), and an outbox item there would be a write per run. The stream costs no
+write at all, holds every change that committed (a function that dies after its commit still
+notifies), keeps a record 24 hours, and Lambda retries a record until it succeeds: at least once. A record read twice
 gives the same webhook events (their id derives from the batch and the status, which a batch
 reaches once) and an EventBridge event with the same detail.
 
