@@ -21,10 +21,10 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from freeinference_batch.core import clock
 from freeinference_batch.core.observability import logger, metrics, tracer
 from freeinference_batch.core.settings import get_settings
-from freeinference_batch.store.leases import Leases
 from freeinference_batch.worker import Done, InvocationState, Worker, upstream
 from freeinference_batch.worker.memory import RECORD_THREADS
 from freeinference_batch.worker.outcomes import publish_model_counts
+from freeinference_batch.worker.slot_blocks import BlockLeases
 
 # Cold start: an upstream URL that cannot work (Settings refuses it) or a credential this function
 # cannot read stops the function here, where its Errors alarm shows it, instead of failing or
@@ -71,5 +71,5 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
     # Every record's chain has returned (the executor waited for them): a slot whose give-back
     # failed goes back now, not at its block's expiry. Only after an answer: should the handler
     # fail, a chain may still run, and its block's entries expire as a killed invocation's do.
-    Leases(settings).give_back_leftovers(invocation.blocks)
+    BlockLeases(settings).give_back_leftovers(invocation.blocks)
     return answer

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from botocore.client import BaseClient
-from freeinference_batch.store import batch_table
+from freeinference_batch.store import caches
 from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
 from freeinference_batch_local.handlers import load_handler
 
@@ -65,7 +65,7 @@ def recorder(harness, monkeypatch) -> Recorder:
         def run(event: Any, context: Any) -> Any:
             # Each function has its own caches on AWS: one function's cached reads must not hide
             # another's calls here, where they share one process.
-            batch_table._chunks.clear()
+            caches.chunks.clear()
             rec.function = function()
             try:
                 return handler(event, context)
@@ -108,8 +108,8 @@ NOT_BY_FUNCTIONS = {
     ("dynamodb", "PutItem"): "accounts_table.put_model_load: `admin set-load` (and the interactive gateway)",
     # Signed locally, no call: the GET it signs is authorized as the signer's s3:GetObject on
     # the response, which the API is granted (and uses) to read responses.
-    ("s3", "GeneratePresignedUrl"): "batch_table.response_url: the client's GET of a result's body_url",
-    ("cloudwatch", "GetMetricData"): "operator_status.recent_counts: `admin status`, an operator's credentials",
+    ("s3", "GeneratePresignedUrl"): "request_items.response_url: the client's GET of a result's body_url",
+    ("cloudwatch", "GetMetricData"): "metric_data.sums: `admin status` (recent_counts), an operator's credentials",
 }
 
 

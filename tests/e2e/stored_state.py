@@ -8,7 +8,7 @@ import json
 
 import boto3
 from freeinference_batch.store.accounts_table import usage_item_key
-from freeinference_batch.store.batch_table import meta_key
+from freeinference_batch.store.batch_keys import meta_key
 from freeinference_batch.store.dynamo import from_item
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 from freeinference_batch import accounts
 from freeinference_batch.core import aws
+from freeinference_batch.store.batch_keys import request_key
 from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import apply_update, update_element
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
 
 from tests.conftest import sample_request
@@ -66,10 +68,10 @@ def store_completed(harness, batch_id: str, position: int, body: dict) -> None:
     table = BatchTable(harness.settings)
     response = {"status_code": 200, "request_id": f"req_{position}", "body": body}
     attributes = table.response_attributes(batch_id, position, "a-claim-token", response)
-    assert table.update_request(batch_id, position,
-                                "SET #status = :completed, " + ", ".join(f"{a} = :{a}" for a in attributes),
-                                "attribute_not_exists(pk)", names={"#status": "status"},
-                                completed="completed", **attributes)
+    assert apply_update(update_element(table.name, request_key(batch_id, position),
+                                       "SET #status = :completed, " + ", ".join(f"{a} = :{a}" for a in attributes),
+                                       "attribute_not_exists(pk)", {"#status": "status"},
+                                       completed="completed", **attributes))
 
 
 # ---- API calls and answers -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from freeinference_batch.accounts import OwnerStatus
 from freeinference_batch.core import aws, clock, errors
 from freeinference_batch.core.catalog import NANO_PER_USD
 from freeinference_batch.core.settings import Settings
+from freeinference_batch.store import accounts_table
 from moto import mock_aws
 
 TABLE = "accounts-test"
@@ -61,9 +62,14 @@ def move_clock_to(settings, when: dt.datetime) -> None:
     clock.set_offset(settings.clock_offset_file, when.timestamp() - time.time())
 
 
+def usage_update(settings, account_id: str, cost_nano: int, at: float) -> dict:
+    """The element a count writes to charge the UTC day of `at` (store/runs.py `flush`)."""
+    return accounts_table.add_usage_element(settings, account_id, cost_nano, clock.utc_day(at), at)
+
+
 def charge(settings, account_id: str, usd: float) -> None:
     at = clock.now(settings.clock_offset_file)
-    update = accounts.add_usage_update(settings, account_id, round(usd * NANO_PER_USD), at)
+    update = usage_update(settings, account_id, round(usd * NANO_PER_USD), at)
     aws.dynamodb().transact_write_items(TransactItems=[update])
 
 
@@ -241,12 +247,12 @@ def test_quota_used_up_is_429_until_next_utc_midnight(settings):
 def test_usage_item_has_ttl_after_its_day(settings):
     accounts.create_key(settings, "acct-1")
     at = dt.datetime(2030, 5, 6, 12, 0, tzinfo=dt.UTC).timestamp()
-    update = accounts.add_usage_update(settings, "acct-1", 1234, at)
+    update = usage_update(settings, "acct-1", 1234, at)
     aws.dynamodb().transact_write_items(
-        TransactItems=[update, accounts.add_usage_update(settings, "acct-2", 1, at)]
+        TransactItems=[update, usage_update(settings, "acct-2", 1, at)]
     )
     aws.dynamodb().transact_write_items(
-        TransactItems=[accounts.add_usage_update(settings, "acct-1", 1000, at)]
+        TransactItems=[usage_update(settings, "acct-1", 1000, at)]
     )
     item = aws.dynamodb().get_item(
         TableName=TABLE, Key={"pk": {"S": "ACCOUNT#acct-1"}, "sk": {"S": "USAGE#2030-05-06"}}
@@ -338,11 +344,11 @@ def test_unfinished_counter_stops_at_the_limit(settings):
     client = aws.dynamodb()
 
     def increment() -> None:
-        update = accounts.unfinished_increment_update(settings, "acct-1", 2)
+        update = accounts_table.unfinished_increment_element(settings, "acct-1", 2)
         client.transact_write_items(TransactItems=[update])
 
     def decrement() -> None:
-        client.transact_write_items(TransactItems=[accounts.unfinished_decrement_update(settings, "acct-1")])
+        client.transact_write_items(TransactItems=[accounts_table.unfinished_decrement_element(settings, "acct-1")])
 
     increment()
     increment()
@@ -360,7 +366,7 @@ def test_unfinished_counter_stops_at_the_limit(settings):
 def test_unfinished_decrement_never_creates_an_account(settings):
     with pytest.raises(ClientError):
         aws.dynamodb().transact_write_items(
-            TransactItems=[accounts.unfinished_decrement_update(settings, "nobody")]
+            TransactItems=[accounts_table.unfinished_decrement_element(settings, "nobody")]
         )
     assert scan(settings) == []
 
@@ -368,6 +374,6 @@ def test_unfinished_decrement_never_creates_an_account(settings):
 def test_unfinished_increment_requires_the_account(settings):
     with pytest.raises(ClientError):
         aws.dynamodb().transact_write_items(
-            TransactItems=[accounts.unfinished_increment_update(settings, "nobody", 10)]
+            TransactItems=[accounts_table.unfinished_increment_element(settings, "nobody", 10)]
         )
     assert scan(settings) == []

@@ -357,28 +357,3 @@ def judge_owner(catalog: Catalog, account_id: str, key_item: dict | None, accoun
             reason=_quota_message(daily_quota_nano),
         )
     return OwnerState(status=OwnerStatus.OK, concurrency_limit=concurrency_limit, tier=tier)
-
-
-# -- transact elements for other modules --
-
-
-def add_usage_update(settings: Settings, account_id: str, cost_nano: int, at: float) -> dict:
-    """A TransactWriteItems element (`{"Update": {...}}`) charging `cost_nano` to the UTC day of
-    `at`; the usage item expires a few days after that day ends."""
-    return accounts_table.add_usage_element(settings, account_id, int(cost_nano), clock.utc_day(at), at)
-
-
-def unfinished_increment_update(settings: Settings, account_id: str, max_unfinished: int) -> dict:
-    """A TransactWriteItems element (`{"Update": {...}}`) taking one unfinished-batch slot: fails
-    its condition (ConditionalCheckFailed) when the account already has `max_unfinished` or does
-    not exist."""
-    return accounts_table.unfinished_increment_element(settings, account_id, max_unfinished)
-
-
-def unfinished_decrement_update(settings: Settings, account_id: str) -> dict:
-    """A TransactWriteItems element (`{"Update": {...}}`) giving one unfinished-batch slot back.
-
-    Put it in the same transaction as the batch's conditional move to a final status, which makes
-    it happen exactly once. Its only condition is that the account item exists (accounts are never
-    removed, only marked deleted), so it cannot block that move."""
-    return accounts_table.unfinished_decrement_element(settings, account_id)

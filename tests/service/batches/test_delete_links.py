@@ -7,7 +7,7 @@ from __future__ import annotations
 import requests
 from freeinference_batch.batches import operations
 from freeinference_batch.core import aws
-from freeinference_batch.store import batch_table
+from freeinference_batch.store import objects
 
 from tests.conftest import sample_request
 from tests.service.helpers import completion, run_schedule, store_completed
@@ -43,7 +43,7 @@ def test_a_deleted_batchs_result_links_stop_working_at_once(harness):
 
 def test_a_delete_goes_through_every_page_of_stored_responses(harness, monkeypatch):
     # Given S3 listings of 2 keys a page (1,000 on AWS) and 5 stored responses
-    monkeypatch.setattr(batch_table, "S3_KEYS_PER_CALL", 2)
+    monkeypatch.setattr(objects, "S3_KEYS_PER_CALL", 2)
     batch_id, links = linked_batch(harness, 5)
     # When the batch is deleted, every page is deleted
     assert harness.call("DELETE", f"/v1/batches/{batch_id}")[0] == 200
@@ -53,7 +53,7 @@ def test_a_delete_goes_through_every_page_of_stored_responses(harness, monkeypat
 
 def test_a_delete_out_of_time_answers_and_leaves_the_rest_to_the_purge(harness, monkeypatch):
     # Given a delete with no time to spend on S3 (a batch of tens of thousands of stored responses)
-    monkeypatch.setattr(batch_table, "S3_KEYS_PER_CALL", 2)
+    monkeypatch.setattr(objects, "S3_KEYS_PER_CALL", 2)
     monkeypatch.setattr(operations, "DELETE_RESPONSES_SECONDS", 0.0)
     batch_id, _ = linked_batch(harness, 5)
     # When it is deleted, it answers at once (the first page deleted), and the batch is gone

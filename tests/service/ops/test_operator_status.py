@@ -11,7 +11,8 @@ from freeinference_batch.core.catalog import load_catalog
 from freeinference_batch.ops import operator_status
 from freeinference_batch.ops.operator_status import chain_backlog, drain_seconds
 from freeinference_batch.store import accounts_table
-from freeinference_batch.store.leases import Leases, SlotBlock, model_slots_key
+from freeinference_batch.store.leases import model_slots_key
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock
 from freeinference_batch_local.handlers import LambdaContext, load_handler
 
 MODEL = "glm-5.3-flash"
@@ -47,7 +48,7 @@ def test_the_expire_schedule_publishes_each_models_cap_and_slots_held(harness, m
     catalog = load_catalog(harness.settings.model_catalog_path)
     now = time.time()
     accounts_table.put_model_load(harness.settings, MODEL, catalog.models[MODEL].interactive_capacity, at=int(now))
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     assert leases.take(model_slots_key(MODEL), SlotBlock("holder.b", None, 60), 4, now)
     capsys.readouterr()
     # When the expire schedule runs

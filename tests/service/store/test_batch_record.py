@@ -11,8 +11,9 @@ import pytest
 from freeinference_batch.batches import lifecycle, views
 from freeinference_batch.core import aws
 from freeinference_batch.core.schemas import BatchStatus
+from freeinference_batch.store.batch_keys import meta_key, record_of
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import BatchTable, meta_key, record_of
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import from_item
 from pydantic import ValidationError
 

@@ -9,7 +9,8 @@ import time
 
 from botocore.exceptions import ClientError
 from freeinference_batch.core import aws
-from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, model_slots_key
+from freeinference_batch.store.leases import model_slots_key
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock, SlotBlocks
 
 from tests.service.worker.helpers import MODEL
 
@@ -30,7 +31,7 @@ def resend_after_applying(monkeypatch, operation: str = "UpdateItem"):
 def test_taking_a_slot_again_whose_first_answer_was_lost_succeeds_even_when_it_filled_the_slots(harness,
                                                                                               monkeypatch):
     # Given a model's slots one short of full: one gateway request and a block of two
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     key = model_slots_key(MODEL)
     now = time.time()
     assert leases.take_one(key, "interactive-0", 4, now + 3600)
@@ -54,7 +55,7 @@ def test_taking_a_slot_again_whose_first_answer_was_lost_succeeds_even_when_it_f
 
 
 def test_a_give_back_that_fails_leaves_the_slot_with_its_block_without_raising(harness, monkeypatch):
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     key = model_slots_key(MODEL)
     blocks = SlotBlocks(harness.settings)
     block = blocks.for_batch("mine")
@@ -77,7 +78,7 @@ def test_a_give_back_that_fails_leaves_the_slot_with_its_block_without_raising(h
 
 def test_a_give_back_applied_whose_answer_failed_is_read_before_the_next_write(harness, monkeypatch):
     # Given a block holding three slots of the model's item
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     key = model_slots_key(MODEL)
     block = SlotBlock("mine.b", None, 3600)
     for _ in range(3):

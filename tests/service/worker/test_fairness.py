@@ -5,8 +5,8 @@ from __future__ import annotations
 from freeinference_batch.batches.operations import new_batch_id
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.dynamo import values
-from freeinference_batch.store.leases import SlotBlock, new_block_holder, new_run
 from freeinference_batch.worker.fairness import AGING_SECONDS, fair_shares, keeps_slot, live_waiters, waited_its_turn
+from freeinference_batch.worker.slot_blocks import SlotBlock, new_block_holder, new_run
 from freeinference_batch_local.moto.limits import item_bytes
 
 NOW = 1_000.0

@@ -16,9 +16,10 @@ import time
 import pytest
 from freeinference_batch.core.catalog import load_catalog
 from freeinference_batch.store import accounts_table
-from freeinference_batch.store.leases import Leases, SlotBlock, account_slots_key, entry_expiry, model_slots_key
+from freeinference_batch.store.leases import Leases, account_slots_key, entry_expiry, model_slots_key
 from freeinference_batch.worker import Done, InvocationState, Parked, Worker, gates
 from freeinference_batch.worker import upstream as upstream_client
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock
 
 from tests.conftest import sample_request
 from tests.service.worker.helpers import (
@@ -224,7 +225,7 @@ def test_a_big_batch_yields_its_slot_to_a_small_waiting_batch(harness, upstream,
     # or of a third batch's
     owner = big["id"] if other_holders_are == "the big batch's other chains" else "batch_other"
     others = SlotBlock(f"{owner}.0", None, 3600)
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     for _ in range(3):
         assert leases.take(model_slots_key(MODEL), others, 4, now(harness))
     real_call = upstream_client.call

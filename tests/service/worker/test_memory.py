@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import input_chunks
-from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
+from freeinference_batch.store.caches import CHUNK_CACHE_BYTES
 from freeinference_batch.worker import Done, Worker, runner, upstream
 from freeinference_batch.worker.memory import (
     BASELINE_BYTES,

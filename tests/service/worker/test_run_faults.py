@@ -14,6 +14,7 @@ from freeinference_batch.ops import schedules
 from freeinference_batch.store.leases import Leases, account_slots_key, model_slots_key
 from freeinference_batch.worker import Done, InvocationState, Parked, Worker, claims
 from freeinference_batch.worker import upstream as upstream_client
+from freeinference_batch.worker.slot_blocks import BlockLeases
 
 from tests.conftest import sample_request
 from tests.service.worker.helpers import (
@@ -68,7 +69,7 @@ def test_a_request_whose_every_run_dies_fails_after_the_attempt_limit(harness, m
     assert meta_of(harness, batch["id"]).running == 0
     # The dead run's slots are its invocation's block's: the sweep leaves them, and they are free
     # once the block expires (whoever next finds the slots full reaps it)
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     harness.advance_clock(harness.settings.slot_lease_seconds)
     later = clock.now(harness.clock_file)
     assert leases.reap(model_slots_key(MODEL), later) == leases.reap(account_slots_key(ACCOUNT), later) == 0
@@ -138,7 +139,7 @@ def test_a_block_reaped_under_its_chains_is_lost_and_they_give_up(harness, upstr
     invocation = InvocationState.new(harness.settings)
     worker = Worker(harness.settings, invocation=invocation)
     claimed = worker.claims.claim(message_for(harness, batch["id"], 0), {}, clock.now(harness.clock_file))
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     harness.advance_clock(harness.settings.slot_lease_seconds + 1)
     later = clock.now(harness.clock_file)
     assert leases.reap(model_slots_key(MODEL), later) == leases.reap(account_slots_key(ACCOUNT), later) == 0
@@ -166,7 +167,7 @@ def test_a_run_that_fails_after_its_claim_gives_its_slots_back(harness, monkeypa
         Worker(harness.settings).process(message_for(harness, batch["id"], 0), NO_RECORD)
     # Then its request waits for the sweep, by its lease, but both its slots are free at once
     assert state_of(harness, batch["id"], 0)["status"] == "running"
-    leases = Leases(harness.settings)
+    leases = BlockLeases(harness.settings)
     assert leases.read(model_slots_key(MODEL))["held"] == leases.read(account_slots_key(ACCOUNT))["held"] == 0
 
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch import accounts
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import dispatch, idempotency, lifecycle, validation, views
 from freeinference_batch.core import clock, pages
@@ -26,9 +25,9 @@ from freeinference_batch.core.errors import (
 from freeinference_batch.core.observability import log_status_change, logger
 from freeinference_batch.core.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.store import input_chunks
+from freeinference_batch.store import batch_status, input_chunks
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, created_key
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
 
 # Matched whole (fullmatch): `$` alone would also take a trailing newline.
@@ -139,19 +138,10 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
 
     # 2. META and the unfinished count together: the batch becomes visible whole, and two
     #    concurrent creates cannot both pass the limit.
-    meta = {
-        "pk": f"BATCH#{batch_id}", "sk": "META", "id": batch_id,
-        "owner": principal.account_id, "account_id": principal.account_id, "key_hash": principal.key_hash,
-        "created_key": created_key(batch_id),
-        "status": BatchStatus.VALIDATING, "created_at": created_at, "expires_at": created_at + window,
-        "window_seconds": window, "total": len(requests), "completed": 0, "failed": 0, "running": 0,
-        "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
-        "lane_widths": lane_widths, "open_shard": OPEN_SHARD, "ttl": ttl,
-    }
-    elements = [
-        table.put_meta_element(meta),
-        accounts.unfinished_increment_update(settings, principal.account_id, settings.batch_max_unfinished),
-    ]
+    meta = batch_status.new_meta(batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
+                                 created_at=created_at, window_seconds=window, total=len(requests), metadata=metadata,
+                                 id_base=id_base, chunk_starts=chunk_starts, lane_widths=lane_widths, ttl=ttl)
+    elements = batch_status.create(settings, meta)
     # The answer from the item as written, read the way every later read reads it.
     answer = views.batch_object(BatchRecord.model_validate(meta))
     if key is not None:
@@ -292,33 +282,22 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
 
 
 def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
-    table = BatchTable(settings)
     for _ in range(10):
         meta = owned_meta(settings, principal, batch_id)
         if meta.status not in lifecycle.RUNNABLE:
             return views.batch_object(meta)  # finished or already cancelling: unchanged
         now = int(clock.now(settings.clock_offset_file))
         if meta.running == 0:
-            clause, named = lifecycle.finished_fields(settings, now)
-            element = table.meta_update_element(
-                batch_id,
-                f"SET #status = :cancelled, cancelling_at = :now, cancelled_at = :now, {clause} REMOVE open_shard",
-                "#status = :old AND running = :zero",
-                names={"#status": "status", "#ttl": "ttl"}, cancelled=BatchStatus.CANCELLED, old=meta.status, zero=0,
-                **named,
-            )
+            # The final transition, as try_finalize writes it (cancelling and cancelled at once).
             try:
-                transact([element, accounts.unfinished_decrement_update(settings, meta.account_id)])
+                transact(batch_status.finish(settings, meta, BatchStatus.CANCELLED, now))
             except TransactionConflict:
                 raise busy("cancelling the batch") from None
             except TransactionFailed:
                 continue  # a request started meanwhile: look again
             log_status_change("batch cancelled", batch_id, BatchStatus.CANCELLED, meta.status)
         else:
-            updated = table.update_meta(
-                batch_id, "SET #status = :cancelling, cancelling_at = :now", "#status = :old AND running > :zero",
-                names={"#status": "status"}, cancelling=BatchStatus.CANCELLING, now=now, old=meta.status, zero=0,
-            )
+            updated = batch_status.start_cancelling(settings, meta, now)
             if updated is None:
                 continue
             log_status_change("batch cancelling", batch_id, BatchStatus.CANCELLING, meta.status)
@@ -339,19 +318,8 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         raise Conflict(f"Batch {batch_id} has {running} request{'s' if running != 1 else ''} running; "
                        "cancel it and wait for them to finish, then delete it", code="batch_running")
     now = int(clock.now(settings.clock_offset_file))
-    element = table.meta_update_element(
-        batch_id,
-        "SET #status = :deleted, deleted_at = :now, purge_shard = :purge, purge_at = :now "
-        "REMOVE #owner, created_key, open_shard",
-        "#status = :old AND running = :zero",
-        names={"#status": "status", "#owner": "owner"},
-        deleted=BatchStatus.DELETED, now=now, purge=PURGE_SHARD, old=meta.status, zero=0,
-    )
-    elements = [element]
-    if not lifecycle.is_final(meta.status):
-        elements.append(accounts.unfinished_decrement_update(settings, meta.account_id))
     try:
-        transact(elements)
+        transact(batch_status.delete(settings, meta, now))
     except TransactionConflict:
         raise busy("deleting the batch") from None
     except TransactionFailed:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from freeinference_batch.core import aws
+from freeinference_batch.store import objects
 
 INDEX_FILE = "index.html"
 FILES_PREFIX = "/console/"
@@ -45,7 +45,7 @@ def payload_origin(bucket: str) -> str:
 
     Signed here with the same client the API signs `body_url` with (no call is made), so the CSP
     names the host those URLs really have: virtual-hosted on AWS, the moto server locally."""
-    url = aws.s3().generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "console"}, ExpiresIn=60)
+    url = objects.presigned_get_url(bucket, "console", 60)
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
 

@@ -17,14 +17,14 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
-from freeinference_batch.core import aws
 from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, ModelInfo
 from freeinference_batch.core.clock import utc_day
 from freeinference_batch.core.observability import metrics
 from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.store import accounts_table
-from freeinference_batch.store.batch_table import BatchTable, batch_id_of
+from freeinference_batch.store import accounts_table, metric_data
+from freeinference_batch.store.batch_keys import batch_id_of
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.leases import Leases, live_slots, model_slots_key
 from freeinference_batch.worker import model_backoff
 from freeinference_batch.worker.outcomes import COMPLETED_BY_MODEL, FAILED_BY_MODEL
@@ -113,7 +113,7 @@ def _capacity(settings: Settings, leases: Leases, info: ModelInfo, name: str,
     interactive in-flight count and its backoff."""
     load = accounts_table.get_model_load(settings, name) or {}
     inflight = int(load.get("inflight", 0))
-    backoff = accounts_table.get_model_backoff(settings, name)
+    backoff = model_backoff.backoff_of(accounts_table.get_model_backoff(settings, name))
     cap = model_backoff.capped(info.batch_capacity(inflight), backoff)
     held = live_slots(leases.read(model_slots_key(name)), now)
     return cap, held, inflight, backoff
@@ -174,22 +174,15 @@ def recent_counts(models: list[str], now: float) -> dict[str, RecentCounts]:
     end = dt.datetime.fromtimestamp(now, dt.UTC)
     counts = {model: RecentCounts() for model in models}
     for minutes in WINDOWS_MINUTES:
-        queries, names = [], {}
+        series, names = {}, {}
         for index, model in enumerate(models):
             for metric_name in (COMPLETED_BY_MODEL, FAILED_BY_MODEL):
                 query_id = f"m{index}{'c' if metric_name == COMPLETED_BY_MODEL else 'f'}"
                 names[query_id] = (model, metric_name)
-                queries.append({"Id": query_id, "ReturnData": True, "MetricStat": {
-                    "Metric": {"Namespace": metrics.namespace, "MetricName": metric_name,
-                               "Dimensions": [{"Name": "service", "Value": metrics.service},
-                                              {"Name": "model", "Value": model}]},
-                    "Period": minutes * 60, "Stat": "Sum"}})
-        if not queries:
+                series[query_id] = (metric_name, {"service": metrics.service, "model": model})
+        if not series:
             continue
-        answer = aws.cloudwatch().get_metric_data(MetricDataQueries=queries, StartTime=end - dt.timedelta(
-            minutes=minutes), EndTime=end)
-        for result in answer["MetricDataResults"]:
-            model, metric_name = names[result["Id"]]
-            total = int(sum(result.get("Values") or []))
+        for query_id, total in metric_data.sums(metrics.namespace, series, minutes * 60, end).items():
+            model, metric_name = names[query_id]
             (counts[model].completed if metric_name == COMPLETED_BY_MODEL else counts[model].failed)[minutes] = total
     return counts

@@ -9,8 +9,9 @@ from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage, RequestStatus
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.ops import operator_status
+from freeinference_batch.store.batch_keys import OPEN_SHARD, PURGE_SHARD, batch_id_of
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import OPEN_SHARD, PURGE_SHARD, BatchTable, batch_id_of
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 from freeinference_batch.store.runs import RunWrites, Tally
 
@@ -30,7 +31,7 @@ def expire(settings: Settings) -> dict:
         meta = table.get_meta(batch_id_of(item))
         if meta is None:
             continue
-        if lifecycle.try_finalize(settings, table, meta, now):
+        if lifecycle.try_finalize(settings, meta, now):
             expired += 1
         elif now >= meta.expires_at + PAST_WINDOW_GRACE_SECONDS:
             stuck += 1
@@ -60,7 +61,7 @@ def sweep(settings: Settings) -> dict:
         meta = table.get_meta(batch_id_of(item))
         if meta is None or lifecycle.is_final(meta.status):
             continue
-        if lifecycle.try_finalize(settings, table, meta, now):
+        if lifecycle.try_finalize(settings, meta, now):
             counts["finalized"] += 1
             continue
         changed = counts["recovered"] + counts["interrupted"] + counts["counted"]
@@ -68,7 +69,7 @@ def sweep(settings: Settings) -> dict:
             _sweep_lane(settings, table, writes, meta, lane, now, counts)
         if counts["recovered"] + counts["interrupted"] + counts["counted"] > changed:  # maybe the last
             fresh = table.get_meta(meta.id)
-            if fresh is not None and lifecycle.try_finalize(settings, table, fresh, now):
+            if fresh is not None and lifecycle.try_finalize(settings, fresh, now):
                 counts["finalized"] += 1
     return counts
 
@@ -97,7 +98,7 @@ def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: 
             if state.get("lease_until", 0) > now:
                 continue
             interrupted = int(state.get("attempts", 0)) >= settings.batch_max_attempts
-            if not _take_back(writes, table, meta, lane, head, position, state, runner, now, interrupted):
+            if not _take_back(writes, meta, lane, head, position, state, runner, now, interrupted):
                 continue
             if interrupted:
                 counts["interrupted"] += 1
@@ -146,7 +147,7 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane
 def _stop_chain(writes: RunWrites, meta: BatchRecord, lane: dict, chain: int, runner: str,
                 fence_position: int | None = None) -> bool:
     """A run died holding the chain but no request: the chain is free again, one running fewer.
-    Its slot is its invocation's block's (store/leases.py), which the sweep leaves alone: the
+    Its slot is its invocation's block's (worker/slot_blocks.py), which the sweep leaves alone: the
     invocation gives it back when it ends, or, killed, its block expires. (Giving one slot back
     from here could count it twice, should the invocation give it back too.)"""
     try:
@@ -171,8 +172,8 @@ def _send_next(settings: Settings, table: BatchTable, meta: BatchRecord, lane: d
         logger.info("re-sent a lost request message", extra={"batch_id": meta.id, "position": positions[head]})
 
 
-def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: dict, head: int, position: int,
-               state: dict, runner: str | None, now: float, interrupted: bool) -> bool:
+def _take_back(writes: RunWrites, meta: BatchRecord, lane: dict, head: int, position: int, state: dict,
+               runner: str | None, now: float, interrupted: bool) -> bool:
     """A worker died while running this request: back to queued, or, when every run of it died
     (say, the worker ran out of memory on it), failed with `upstream_error` and counted, its
     chain moving past it; or it would take a worker down, and every request beside it, forever.
@@ -190,18 +191,11 @@ def _take_back(writes: RunWrites, table: BatchTable, meta: BatchRecord, lane: di
         error = {"code": "upstream_error",
                  "message": f"Each of the request's {attempts} runs stopped before it finished "
                             "(the worker running it failed); it is not tried again"}
-        request = table.request_update_element(
-            meta.id, position, "SET #status = :failed, #error = :error, finished_at = :now "
-            "REMOVE claim, slot_holder, lease_until", "#status = :running AND claim = :claim",
-            names={"#status": "status", "#error": "error"}, failed=RequestStatus.FAILED, error=error,
-            now=int(now), running=RequestStatus.RUNNING, claim=claim)
+        request = writes.fail_request(meta.id, position, claim, error, now)
         failed = Tally(lane["model"], lane["width"], head, now, failed=1)
         chain = writes.flush(meta.id, meta.account_id, failed, runner, now, now, stop=runner is not None)
     else:
-        request = table.request_update_element(
-            meta.id, position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
-            "#status = :running AND claim = :claim", names={"#status": "status"},
-            queued=RequestStatus.QUEUED, running=RequestStatus.RUNNING, claim=claim, zero=0)
+        request = writes.requeue_request(meta.id, position, claim)
         chain = writes.stop_chain(meta.id, lane["model"], head % lane["width"], runner) if runner else []
     try:
         transact([request, *chain])

@@ -31,7 +31,6 @@ from freeinference_batch.store.dynamo import from_item as _from_item
 from freeinference_batch.store.dynamo import is_conditional_failure as _is_conditional_failure
 from freeinference_batch.store.dynamo import key as _key
 from freeinference_batch.store.dynamo import to_attr as _attr
-from freeinference_batch.worker.model_backoff import Backoff
 
 KEY_SK = "KEY"
 ACCOUNT_SK = "ACCOUNT"
@@ -332,29 +331,25 @@ def get_model_load(settings: Settings, model: str) -> dict[str, Any] | None:
     return _from_item(answer.get("Item"))
 
 
-def get_model_backoff(settings: Settings, model: str) -> Backoff | None:
-    return backoff_of(_get(settings, backoff_item_key(model)))
+# -- model backoff (what it means: worker/model_backoff.py) --
 
 
-# -- model backoff --
+def get_model_backoff(settings: Settings, model: str) -> dict[str, Any] | None:
+    """The model's backoff item (`cap`, `changed_at`; neither while it is not backing off)."""
+    return _get(settings, backoff_item_key(model))
 
 
-def backoff_of(item: dict[str, Any] | None) -> Backoff | None:
-    """The backoff an item read by a gate shows, if any."""
-    if not item or "cap" not in item:
-        return None
-    return Backoff(cap=int(item["cap"]), changed_at=float(item["changed_at"]))
-
-
-def set_model_cap(settings: Settings, model: str, cap: int, now: float, seen: Backoff | None) -> bool:
-    """Set the model's backoff cap, only if it is still as `seen` (None: no backoff): of two
-    workers deciding from the same read, one writes. False if it changed meanwhile."""
+def set_model_cap(settings: Settings, model: str, cap: int, now: float, *, seen_cap: int | None = None,
+                  seen_at: float | None = None) -> bool:
+    """Set the model's backoff cap, only if it is still as seen (`seen_cap` since `seen_at`; None:
+    no backoff): of two workers deciding from the same read, one writes. False if it changed
+    meanwhile."""
     # No backoff is no item, or an item a finished backoff emptied (see end_model_backoff).
-    condition = ("attribute_not_exists(cap)" if seen is None
+    condition = ("attribute_not_exists(cap)" if seen_cap is None
                  else "changed_at = :seen_at AND cap = :seen_cap")
     values = {":cap": _attr(cap), ":now": _attr(now)}
-    if seen is not None:
-        values |= {":seen_at": _attr(seen.changed_at), ":seen_cap": _attr(seen.cap)}
+    if seen_cap is not None:
+        values |= {":seen_at": _attr(seen_at), ":seen_cap": _attr(seen_cap)}
     try:
         aws.dynamodb().update_item(
             TableName=settings.accounts_table_name, Key=backoff_item_key(model),
@@ -368,15 +363,16 @@ def set_model_cap(settings: Settings, model: str, cap: int, now: float, seen: Ba
     return True
 
 
-def end_model_backoff(settings: Settings, model: str, seen: Backoff) -> bool:
-    """The model is back to its full batch cap: remove the backoff, if still as `seen`. (An
-    update that empties the item, not a DeleteItem: no function may delete items one by one.)"""
+def end_model_backoff(settings: Settings, model: str, *, seen_cap: int, seen_at: float) -> bool:
+    """The model is back to its full batch cap: remove the backoff, if still as seen (`seen_cap`
+    since `seen_at`). (An update that empties the item, not a DeleteItem: no function may delete
+    items one by one.)"""
     try:
         aws.dynamodb().update_item(
             TableName=settings.accounts_table_name, Key=backoff_item_key(model),
             UpdateExpression="REMOVE cap, changed_at",
             ConditionExpression="changed_at = :seen_at AND cap = :seen_cap",
-            ExpressionAttributeValues={":seen_at": _attr(seen.changed_at), ":seen_cap": _attr(seen.cap)},
+            ExpressionAttributeValues={":seen_at": _attr(seen_at), ":seen_cap": _attr(seen_cap)},
         )
     except ClientError as error:
         if _is_conditional_failure(error):

@@ -1,4 +1,5 @@
-"""The batch record: the `BATCH#<id>` / `META` item as the code reads it (batch_table.py writes it).
+"""The batch record: the `BATCH#<id>` / `META` item as the code reads it (batch_status.py writes its
+status, runs.py its counts).
 
 Written whole at create; later writes only set, add to or remove attributes, so every item that
 exists has the create-time fields, and those are required: an item without them is not a batch
@@ -21,7 +22,7 @@ from freeinference_batch.core.schemas import BatchStatus
 
 class BatchRecord(BaseModel):
     # Frozen: a record is the item as read at one moment; a change is a write, and the writer's
-    # answer (update_meta) is the new record.
+    # answer (batch_status.mark_failing, start_cancelling) is the new record.
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     # ---- written at create, never removed ----------------------------------------------------

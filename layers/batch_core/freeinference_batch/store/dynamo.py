@@ -120,6 +120,34 @@ def transact(elements: list[dict], *, attempts: int = 6) -> None:
             time.sleep(random.uniform(0, 0.02 * 2**attempt))
 
 
+def update_element(table: str, item_key: dict, expression: str, condition: str | None = None,
+                   names: dict | None = None, **named: Any) -> dict:
+    """A transaction `Update` element of one item (`apply_update` writes one alone); `named` are
+    its ExpressionAttributeValues by name, `names` its ExpressionAttributeNames."""
+    element: dict[str, Any] = {"TableName": table, "Key": item_key, "UpdateExpression": expression}
+    if condition:
+        element["ConditionExpression"] = condition
+    if named:
+        element["ExpressionAttributeValues"] = values(**named)
+    if names:
+        element["ExpressionAttributeNames"] = names
+    return {"Update": element}
+
+
+def update_returning(table: str, item_key: dict, expression: str, condition: str, names: dict | None = None,
+                     **named: Any) -> dict[str, Any] | None:
+    """A conditional UpdateItem alone: the item as it left it (ALL_NEW), or None when the
+    condition did not hold."""
+    arguments = {**update_element(table, item_key, expression, condition, names, **named)["Update"],
+                 "ReturnValues": "ALL_NEW"}
+    try:
+        return from_item(aws.dynamodb().update_item(**arguments)["Attributes"])
+    except ClientError as error:
+        if is_conditional_failure(error):
+            return None
+        raise
+
+
 def apply_update(element: dict) -> bool:
     """One transaction `Update` element, written alone (a plain UpdateItem, half a transaction's
     write units); False when its condition does not hold."""
@@ -130,6 +158,16 @@ def apply_update(element: dict) -> bool:
         if is_conditional_failure(error):
             return False
         raise
+
+
+def get_written_once(table: str, item_key: dict) -> dict[str, Any] | None:
+    """An item that was written once and never changes: an eventually consistent read (half the
+    read units) is the item itself, or nothing when it is younger than the replica's lag (a
+    worker reads a chunk a moment after create): only then is it read again, consistently."""
+    answer = aws.dynamodb().get_item(TableName=table, Key=item_key)
+    if "Item" not in answer:
+        answer = aws.dynamodb().get_item(TableName=table, Key=item_key, ConsistentRead=True)
+    return from_item(answer.get("Item"))
 
 
 def batch_write(table: str, puts: Iterable[dict] = (), deletes: Iterable[dict] = ()) -> None:

@@ -19,29 +19,23 @@ The item's form (docs/ARCHITECTURE.md, "Slots items", with the gateway's side an
   at once. Who is best, and how many slots each batch should hold while others wait, is the
   engine's policy (`fairness.py`).
 
-A block is the invocation's (`SlotBlock`, one per batch in a `SlotBlocks` per invocation): its
-chains take and give back slots one at a time through it, each a compare-and-set on the block's
-own `n` (only its invocation writes it), so a write that botocore sent again after its answer was
-lost is told apart from a refusal by one consistent read of the entry. Nothing is ever written in
-a transaction (DynamoDB bills a transaction's writes twice, and transactions on these items would
-conflict with each other). A block's expiry never outlives its invocation by more than
-`BLOCK_MARGIN_SECONDS`: an invocation that dies (killed, timed out) leaves a block that simply
-expires, and whoever next finds the slots full reaps it.
+A block's writes here are each one conditional UpdateItem: one more slot, one fewer, all of them
+given back, its expiry extended. The block itself, what it believes it holds and the
+compare-and-set on its `n` that only its invocation writes, is the worker's
+(worker/slot_blocks.py). Nothing is ever written in a transaction (DynamoDB bills a transaction's
+writes twice, and transactions on these items would conflict with each other).
 """
 
 from __future__ import annotations
 
 import math
-import secrets
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch.core import aws, clock
-from freeinference_batch.core.observability import logger
+from freeinference_batch.core import aws
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.store.dynamo import from_item, is_conditional_failure, key, values
+from freeinference_batch.store.dynamo import batch_get, from_item, is_conditional_failure, key, values
 
 # The slots items' sort key (`SLOTS` held the form before blocks: one entry per slot, no count).
 SLOTS_SORT_KEY = "HELD_SLOTS"
@@ -60,10 +54,6 @@ def chain_slots_keys(model: str, account_id: str) -> list[dict]:
     return [model_slots_key(model), account_slots_key(account_id)]
 
 
-def model_load_key(model: str) -> dict:
-    return key(f"MODEL#{model}", "LOAD")
-
-
 def slots_name(slots_key: dict) -> str:
     return slots_key["pk"]["S"]
 
@@ -71,46 +61,13 @@ def slots_name(slots_key: dict) -> str:
 # Bounds the slots item (every gate read carries it): beyond this, waiters just park longer.
 MAX_WAITERS = 32
 
-AGED_MARK = ".a"  # short, as the random part: see HOLDER_RANDOM_BYTES
-
-# A run's (and a block's) random part tells apart two holds of one chain (or batch) that overlap:
-# a dead one's until it expires, and the next one's. 32 bits make a clash one in four billion.
-HOLDER_RANDOM_BYTES = 4
 # Expiries are kept to the hundredth of a second: 12 digits, 7 bytes of a DynamoDB number.
 EXPIRY_DECIMALS = 2
-# A block expires this long after its invocation's end at the latest: Lambda has killed it by
-# then, and the margin covers clocks that differ between hosts.
-BLOCK_MARGIN_SECONDS = 60.0
-
-
-def new_run(batch_id: str, lane: int, aged: bool = False) -> str:
-    """A chain's run: `<batch id>.<lane>.<random>`, marked `.a` for a chain that waited its turn
-    (see fairness.py). It is the chain's `runner` and its requests' `slot_holder`; the slots
-    themselves are held by its invocation's block for the batch."""
-    return f"{batch_id}.{lane}.{secrets.token_hex(HOLDER_RANDOM_BYTES)}{AGED_MARK if aged else ''}"
-
-
-def new_block_holder(batch_id: str) -> str:
-    """A block's entry name: `<batch id>.<random>`."""
-    return f"{batch_id}.{secrets.token_hex(HOLDER_RANDOM_BYTES)}"
 
 
 def lease_expiry(until: float) -> float:
     """An expiry as a slots item stores it (rounded up: a lease never ends before it was asked to)."""
     return math.ceil(until * 10**EXPIRY_DECIMALS) / 10**EXPIRY_DECIMALS
-
-
-def is_aged(holder: str) -> bool:
-    return holder.endswith(AGED_MARK)
-
-
-def holder_batch(holder: str) -> str:
-    return holder.split(".", 1)[0]
-
-
-def holder_lane(holder: str) -> float:
-    lane = holder.split(".")[1] if holder.count(".") >= 2 else ""
-    return int(lane) if lane.isdigit() else math.inf  # not a batch chain's run: ranks last
 
 
 def entry_slots(entry: object) -> int:
@@ -135,93 +92,6 @@ def slots_held(item: dict | None) -> int:
 def live_slots(item: dict | None, now: float) -> int:
     """The slots held by entries that have not expired (an operator's figure: `admin status`)."""
     return sum(entry_slots(e) for e in (item or {}).get("leases", {}).values() if entry_expiry(e) > now)
-
-
-@dataclass
-class SlotBlock:
-    """One worker invocation's hold on one batch's slots: an entry of each slots item, `n` slots
-    each, shared by the invocation's chains of that batch. Its writes take `lock`: only this
-    invocation writes its entries, so each write is a compare-and-set on the `n` it last wrote."""
-
-    holder: str
-    # When the invocation ends (the clock's time); None without a deadline (tests, a record
-    # handled alone), where renewals alone keep the block.
-    ends_at: float | None
-    slot_lease_seconds: float
-    # Slots item (its pk) -> the slots the block holds there; None after a write whose outcome is
-    # unknown (an error after botocore's retries: applied or not), read again before the next.
-    counts: dict[str, int | None] = field(default_factory=dict)
-    expiries: dict[str, float] = field(default_factory=dict)  # slots item -> the entry's `u` as written
-    keys: dict[str, dict] = field(default_factory=dict)
-    runs: dict[str, bool] = field(default_factory=dict)  # the chains' runs in the block -> aged
-    # Its entry of an item expired and was reaped while its chains ran (they were held past the
-    # block's expiry): its chains hold nothing and give up at their next hand-over, and the
-    # invocation's next claims take a new block (SlotBlocks.for_batch). What its entries still
-    # hold elsewhere expires.
-    lost: bool = False
-    lock: threading.RLock = field(default_factory=threading.RLock)
-
-    def join(self, run: str) -> None:
-        with self.lock:
-            self.runs[run] = is_aged(run)
-
-    def leave(self, run: str) -> bool:
-        """Take the run out of the block; False if it was not in it (it gave its slots back already)."""
-        with self.lock:
-            return self.runs.pop(run, None) is not None
-
-    def aged(self) -> int:
-        with self.lock:
-            return sum(self.runs.values())
-
-    def rank(self, run: str) -> int:
-        """The run's place among the block's (aged first, then by lane): who keeps its slot when
-        the batch holds more than its share (fairness.keeps_slot)."""
-        with self.lock:
-            order = sorted(self.runs, key=lambda r: (not self.runs[r], holder_lane(r), r))
-        return order.index(run) if run in order else len(order)
-
-    def holds(self, slots_key: dict) -> int:
-        return self.counts.get(slots_name(slots_key)) or 0
-
-    def until(self, now: float) -> float:
-        """The expiry a write of the block's entries sets: a slot lease from now, never past the
-        invocation's end (plus the margin), which Lambda does not let the block outlive."""
-        until = now + self.slot_lease_seconds
-        if self.ends_at is not None:
-            until = min(until, self.ends_at + BLOCK_MARGIN_SECONDS)
-        return lease_expiry(until)
-
-    def renewal_due(self, slots_key: dict, now: float, lease_seconds: float) -> bool:
-        """Whether the entry has less than a request's lease left and a renewal would extend it.
-        Where a slot lease outlasts the invocation (the default: twice the upstream timeout + 60 s
-        against the worker's 900 s), the entry already lasts as long as the invocation: then the
-        block is never renewed."""
-        current = self.expiries.get(slots_name(slots_key), 0.0)
-        return current - now < lease_seconds and self.until(now) > current
-
-
-class SlotBlocks:
-    """A worker invocation's blocks, one per batch its records belong to."""
-
-    def __init__(self, settings: Settings, ends_at: float | None = None) -> None:
-        self.slot_lease_seconds = settings.slot_lease_seconds
-        self.ends_at = ends_at
-        self._blocks: dict[str, SlotBlock] = {}
-        self._lock = threading.Lock()
-
-    def for_batch(self, batch_id: str) -> SlotBlock:
-        """The batch's block, a new one if it has none or its block was lost."""
-        with self._lock:
-            block = self._blocks.get(batch_id)
-            if block is None or block.lost:
-                block = self._blocks[batch_id] = SlotBlock(new_block_holder(batch_id), self.ends_at,
-                                                           self.slot_lease_seconds)
-            return block
-
-    def blocks(self) -> list[SlotBlock]:
-        with self._lock:
-            return list(self._blocks.values())
 
 
 @dataclass(frozen=True)
@@ -249,9 +119,10 @@ def waiters_of(item: dict | None, now: float) -> list[Waiter]:
 
 
 class Leases:
+    """The slots items' reads and writes (one conditional UpdateItem each)."""
+
     def __init__(self, settings: Settings) -> None:
         self.table = settings.accounts_table_name
-        self.clock_file = settings.clock_offset_file
 
     def _update(self, slots_key: dict, expression: str, condition: str | None = None, names: dict | None = None,
                 **named: object) -> None:
@@ -264,157 +135,64 @@ class Leases:
             arguments["ExpressionAttributeValues"] = values(**named)
         aws.dynamodb().update_item(**arguments)
 
+    def _update_if(self, slots_key: dict, expression: str, condition: str, names: dict | None = None,
+                   **named: object) -> bool:
+        """`_update`, False when its condition does not hold (any other error raises)."""
+        try:
+            self._update(slots_key, expression, condition, names, **named)
+            return True
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
+            return False
+
     def read(self, slots_key: dict) -> dict | None:
         answer = aws.dynamodb().get_item(TableName=self.table, Key=slots_key, ConsistentRead=True)
         return from_item(answer.get("Item"))
 
-    # ---- a block's writes (the workers')
+    def read_many(self, keys: list[dict]) -> list[dict | None]:
+        """Several slots items in one consistent BatchGetItem, in the order of `keys` (None: no item)."""
+        found = batch_get({self.table: {"Keys": keys, "ConsistentRead": True}})
+        by_key = {(i["pk"], i["sk"]): i for i in found[self.table]}
+        return [by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in keys]
 
-    def _recount(self, slots_key: dict, block: SlotBlock) -> tuple[int, dict | None]:
-        """What the block holds in the item, as a consistent read finds it (after a write that was
-        refused, or whose outcome is unknown), and the item. An entry gone near or past the expiry
-        the block wrote may have been reaped (a reaper reaps only what has expired, by its own
-        clock): the block is taken for lost, and its chains give up. Gone well before it, only the
-        block's own give-back removed it."""
-        name = slots_name(slots_key)
-        block.counts[name] = None  # unknown until the read answers
-        item = self.read(slots_key)
-        entry = ((item or {}).get("leases") or {}).get(block.holder)
-        written = block.expiries.get(name)
-        if entry is None and written is not None and written <= clock.now(self.clock_file) + BLOCK_MARGIN_SECONDS:
-            block.lost = True
-            logger.warning("a slots block may have expired while its chains ran: they give up", extra={"slots": name})
-        held = entry_slots(entry) if entry is not None else 0
-        block.counts[name] = held
-        return held, item
+    # ---- a block's writes (worker/slot_blocks.py decides them): False when the condition failed
 
-    def take(self, slots_key: dict, block: SlotBlock, capacity: int, now: float,
-             stop_waiting: str | None = None) -> bool:
-        """One more slot for the block, if the item has one free; `stop_waiting` names the
-        claimant's own waiter entry, removed with it. False when the slots are full (or the block
-        was lost). An error whose outcome is unknown leaves the block's count to be read again."""
-        name = slots_name(slots_key)
-        with block.lock:
-            block.keys[name] = slots_key
-            for _ in range(3):
-                old = block.counts.get(name, 0)
-                if old is None:
-                    old, _ = self._recount(slots_key, block)
-                if block.lost:
-                    return False
-                entry = {"n": old + 1, "u": block.until(now), "a": block.aged()}
-                names = {"#holder": block.holder}
-                expression = "SET leases.#holder = :entry, held = held + :one"
-                if stop_waiting:
-                    expression += " REMOVE waiters.#waiter"
-                    names["#waiter"] = stop_waiting
-                mine = "attribute_not_exists(leases.#holder)" if old == 0 else "leases.#holder.n = :old"
-                try:
-                    self._update(slots_key, expression, f"{mine} AND held <= :room", names, entry=entry, one=1,
-                                 room=capacity - 1, **({"old": old} if old else {}))
-                except ClientError as error:
-                    if not is_conditional_failure(error):
-                        block.counts[name] = None
-                        raise
-                    held, item = self._recount(slots_key, block)
-                    if held == old + 1:
-                        pass  # our own write, sent again by botocore after its answer was lost
-                    elif item is None or "held" not in item:
-                        self.ensure_item(slots_key, item)  # no item yet: make it, then again
-                        continue
-                    elif held != old or block.lost:
-                        continue  # the count was not what the block believed: again from the item's
-                    else:
-                        return False  # full
-                except Exception:
-                    block.counts[name] = None
-                    raise
-                block.counts[name], block.expiries[name] = old + 1, entry["u"]
-                return True
-            return False
+    def add_to_block(self, slots_key: dict, holder: str, entry: dict, old: int, capacity: int,
+                     stop_waiting: str | None = None) -> bool:
+        """One more slot for the block `holder`: its entry becomes `entry` and `held` one more, only
+        while the entry holds `old` slots (none: no entry) and `held` leaves one free under
+        `capacity`. `stop_waiting` names the claimant's own waiter entry, removed with it."""
+        names = {"#holder": holder}
+        expression = "SET leases.#holder = :entry, held = held + :one"
+        if stop_waiting:
+            expression += " REMOVE waiters.#waiter"
+            names["#waiter"] = stop_waiting
+        mine = "attribute_not_exists(leases.#holder)" if old == 0 else "leases.#holder.n = :old"
+        return self._update_if(slots_key, expression, f"{mine} AND held <= :room", names, entry=entry, one=1,
+                               room=capacity - 1, **({"old": old} if old else {}))
 
-    def give(self, slots_key: dict, block: SlotBlock) -> None:
-        """One slot fewer for the block. Never raises: a slot that could not be given back stays
-        with the block until its invocation ends (`give_back_leftovers`) or its entry expires,
-        which must not stop what the caller does next (count, wake, send the chain's next message)."""
-        name = slots_name(slots_key)
-        with block.lock:
-            try:
-                for _ in range(3):
-                    old = block.counts.get(name, 0)
-                    if old is None:
-                        old, _ = self._recount(slots_key, block)
-                    if block.lost or old == 0:
-                        return
-                    names = {"#holder": block.holder}
-                    try:
-                        if old == 1:
-                            self._update(slots_key, "REMOVE leases.#holder SET held = held - :old",
-                                         "leases.#holder.n = :old", names, old=old)
-                        else:
-                            self._update(slots_key,
-                                         "SET leases.#holder.n = :n, leases.#holder.a = :a, held = held - :one",
-                                         "leases.#holder.n = :old", names, n=old - 1, a=block.aged(), old=old, one=1)
-                    except ClientError as error:
-                        if not is_conditional_failure(error):
-                            raise
-                        held, _ = self._recount(slots_key, block)
-                        if held != old - 1:
-                            continue  # not ours applied: again from the item's count
-                    block.counts[name] = old - 1
-                    return
-            except Exception:
-                block.counts[name] = None
-                logger.warning("could not give a slot back: its block keeps it", exc_info=True, extra={"slots": name})
+    def remove_from_block(self, slots_key: dict, holder: str, old: int, aged: int) -> bool:
+        """One slot fewer for the block `holder`, only while its entry holds `old`: the entry goes
+        with its last slot, else its `n` and `a` (its slots held by chains that waited) are set."""
+        names = {"#holder": holder}
+        if old == 1:
+            return self._update_if(slots_key, "REMOVE leases.#holder SET held = held - :old",
+                                   "leases.#holder.n = :old", names, old=old)
+        return self._update_if(slots_key, "SET leases.#holder.n = :n, leases.#holder.a = :a, held = held - :one",
+                               "leases.#holder.n = :old", names, n=old - 1, a=aged, old=old, one=1)
 
-    def give_all(self, slots_keys: list[dict], block: SlotBlock, run: str) -> None:
-        """A chain's run gives back its slot of each item, once (never raises, see `give`)."""
-        if block.leave(run):
-            for slots_key in slots_keys:
-                self.give(slots_key, block)
+    def remove_block(self, slots_key: dict, holder: str, held: int) -> bool:
+        """Every slot of the block `holder` given back at once, only while its entry holds `held`."""
+        return self._update_if(slots_key, "REMOVE leases.#holder SET held = held - :n", "leases.#holder.n = :n",
+                               {"#holder": holder}, n=held)
 
-    def give_held(self, model: str, account_id: str, block: SlotBlock, run: str) -> None:
-        """A chain's run gives back both slots it holds, its model's and its account's (`give_all`)."""
-        self.give_all(chain_slots_keys(model, account_id), block, run)
-
-    def give_back_leftovers(self, blocks: SlotBlocks) -> None:
-        """At an invocation's end no chain runs: whatever its blocks still hold (a give-back that
-        failed) goes back now, one write per item, rather than at the entries' expiry. Never raises."""
-        for block in blocks.blocks():
-            for name, slots_key in list(block.keys.items()):
-                if block.lost or block.counts.get(name) == 0:
-                    continue
-                try:
-                    held, _ = self._recount(slots_key, block)
-                    if held:
-                        self._update(slots_key, "REMOVE leases.#holder SET held = held - :n", "leases.#holder.n = :n",
-                                     {"#holder": block.holder}, n=held)
-                        block.counts[name] = 0
-                except Exception:
-                    logger.warning("could not give a block's slots back: they expire", exc_info=True,
-                                   extra={"slots": name})
-
-    def renew(self, slots_key: dict, block: SlotBlock, capacity: int, now: float, lease_seconds: float) -> bool:
-        """Extend the block's entry (once per lease, whichever of its chains comes first), unless
-        it was reaped (the block is lost) or the capacity has shrunk below what is held: then False."""
-        name = slots_name(slots_key)
-        with block.lock:
-            if block.lost:
-                return False
-            if not block.renewal_due(slots_key, now, lease_seconds):
-                return True  # another chain of the block renewed it
-            until = block.until(now)
-            try:
-                self._update(slots_key, "SET leases.#holder.u = :until",
-                             "attribute_exists(leases.#holder) AND held <= :capacity", {"#holder": block.holder},
-                             until=until, capacity=capacity)
-            except ClientError as error:
-                if not is_conditional_failure(error):
-                    raise
-                self._recount(slots_key, block)  # a reaped entry marks the block lost
-                return False
-            block.expiries[name] = until
-            return True
+    def extend_block(self, slots_key: dict, holder: str, until: float, capacity: int) -> bool:
+        """The block's entry lasts until `until`: only while it exists (it was not reaped) and no more
+        than `capacity` slots are held."""
+        return self._update_if(slots_key, "SET leases.#holder.u = :until",
+                               "attribute_exists(leases.#holder) AND held <= :capacity", {"#holder": holder},
+                               until=until, capacity=capacity)
 
     # ---- one slot under an entry of its own: the interactive gateway's writes (see the docstring)
 
@@ -424,14 +202,10 @@ class Leases:
         fails its condition and finds the entry its own."""
         until = lease_expiry(until)
         for _ in range(2):
-            try:
-                self._update(slots_key, "SET leases.#holder = :until, held = held + :one",
-                             "attribute_not_exists(leases.#holder) AND held < :capacity", {"#holder": holder},
-                             until=until, one=1, capacity=capacity)
+            if self._update_if(slots_key, "SET leases.#holder = :until, held = held + :one",
+                               "attribute_not_exists(leases.#holder) AND held < :capacity", {"#holder": holder},
+                               until=until, one=1, capacity=capacity):
                 return True
-            except ClientError as error:
-                if not is_conditional_failure(error):
-                    raise
             item = self.read(slots_key)
             if item is not None and "held" in item:
                 return item.get("leases", {}).get(holder) == until
@@ -440,12 +214,8 @@ class Leases:
 
     def release_one(self, slots_key: dict, holder: str) -> None:
         """The gateway's release of its entry (a re-send finds it gone and changes nothing)."""
-        try:
-            self._update(slots_key, "REMOVE leases.#holder SET held = held - :one",
-                         "attribute_exists(leases.#holder)", {"#holder": holder}, one=1)
-        except ClientError as error:
-            if not is_conditional_failure(error):
-                raise
+        self._update_if(slots_key, "REMOVE leases.#holder SET held = held - :one", "attribute_exists(leases.#holder)",
+                        {"#holder": holder}, one=1)
 
     # ---- the item's form, and expired entries
 
@@ -453,12 +223,8 @@ class Leases:
         """Make sure the item exists, with no entry and nothing held if it did not, and answer it."""
         if item is not None and "held" in item:
             return item
-        try:
-            self._update(slots_key, "SET leases = if_not_exists(leases, :empty), held = if_not_exists(held, :zero)",
-                         "attribute_not_exists(held)", empty={}, zero=0)
-        except ClientError as error:
-            if not is_conditional_failure(error):
-                raise
+        self._update_if(slots_key, "SET leases = if_not_exists(leases, :empty), held = if_not_exists(held, :zero)",
+                        "attribute_not_exists(held)", empty={}, zero=0)
         return self.read(slots_key) or {}
 
     def reap(self, slots_key: dict, now: float) -> int:
@@ -476,14 +242,10 @@ class Leases:
                 same, named = "leases.#holder.u = :until AND leases.#holder.n = :n", {"until": entry["u"], "n": slots}
             else:
                 same, named = "leases.#holder = :until", {"until": entry}
-            try:
-                self._update(slots_key, "REMOVE leases.#holder SET held = held - :n", same, {"#holder": holder},
-                             **{"n": slots, **named})
+            if self._update_if(slots_key, "REMOVE leases.#holder SET held = held - :n", same, {"#holder": holder},
+                               **{"n": slots, **named}):
                 held -= slots
-            except ClientError as error:
-                if not is_conditional_failure(error):
-                    raise
-                # Renewed since the read, or another reaper was first: either way no slot of ours to count.
+            # Else renewed since the read, or another reaper was first: either way no slot of ours to count.
         return held
 
     # ---- waiters
@@ -519,16 +281,8 @@ class Leases:
 
     def take_waiter(self, slots_key: dict, waiter: Waiter) -> bool:
         """Remove a waiter to wake it; False if another worker took it first (or it re-registered)."""
-        try:
-            aws.dynamodb().update_item(
-                TableName=self.table, Key=slots_key, UpdateExpression="REMOVE waiters.#waiter",
-                ConditionExpression="waiters.#waiter.h = :handle",
-                ExpressionAttributeNames={"#waiter": waiter.id}, ExpressionAttributeValues=values(handle=waiter.handle))
-            return True
-        except ClientError as error:
-            if not is_conditional_failure(error):
-                raise
-            return False
+        return self._update_if(slots_key, "REMOVE waiters.#waiter", "waiters.#waiter.h = :handle",
+                               {"#waiter": waiter.id}, handle=waiter.handle)
 
     def holders(self, slots_key: dict) -> dict[str, object]:
         """The item's entries: holder -> expiry (one slot) or block `{n, u, a}`."""

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from freeinference_batch.core import clock
-from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus, RequestMessage, RequestStatus
+from freeinference_batch.core.schemas import FINAL_STATUSES, RequestMessage, RequestStatus
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.store import accounts_table
+from freeinference_batch.store import accounts_table, batch_status
+from freeinference_batch.store.batch_keys import meta_key, request_key
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
+from freeinference_batch.store.dynamo import update_element
 
-# The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
-STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
 # The condition on a batch item for its counts to change: it is not final (values named by status).
 NOT_FINAL = "NOT #status IN (:completed, :failed, :expired, :cancelled)"
 # How many settled requests, or how long, a run keeps uncounted. A batch's counts, and the day's
@@ -93,10 +93,19 @@ class RunWrites:
         self.settings = settings
         self.table = table
 
+    def _request(self, batch_id: str, position: int, expression: str, condition: str, names: dict[str, str],
+                 **named: Any) -> dict:
+        return update_element(self.table.name, request_key(batch_id, position), expression, condition, names,
+                              **named)
+
+    def _meta(self, batch_id: str, expression: str, condition: str | None = None, names: dict[str, str] | None = None,
+              **named: Any) -> dict:
+        return update_element(self.table.name, meta_key(batch_id), expression, condition, names, **named)
+
     def claim(self, message: RequestMessage, token: str, holder: str, lease_until: float, ttl: int) -> dict:
         """queued -> running (one more attempt) under `token`; it names the slots' holder, which the
         sweep releases should the run die."""
-        return self.table.request_update_element(
+        return self._request(
             message.batch_id, message.position,
             "SET #status = :running, claim = :token, slot_holder = :holder, lease_until = :lease, #ttl = :ttl "
             "ADD attempts :one",
@@ -111,13 +120,7 @@ class RunWrites:
         (and is in progress), if it still starts requests."""
         width = meta.lane_widths[message.model]
         return [
-            self.table.meta_update_element(
-                message.batch_id,
-                "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
-                f"{STARTS_REQUESTS} AND expires_at > :now",
-                names={"#status": "status"}, in_progress=BatchStatus.IN_PROGRESS,
-                validating=BatchStatus.VALIDATING, now=int(now), one=1,
-            ),
+            batch_status.start(self.settings, message.batch_id, now),
             self.table.chain_start_element(message.batch_id, message.model, message.index % width, message.index,
                                            holder, now + self.settings.batch_dispatch_lease_seconds),
         ]
@@ -163,9 +166,8 @@ class RunWrites:
         # makes with the same ClientRequestToken).
         condition = ("#status = :running AND claim = :token" if give_back_attempt
                      else "claim = :token AND #status IN (:running, :status)")
-        return self.table.request_update_element(
-            message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}{adds}",
-            condition, names=names, **named)
+        return self._request(message.batch_id, message.position, f"SET {', '.join(sets)} REMOVE {removes}{adds}",
+                             condition, names, **named)
 
     def flush(self, batch_id: str, account_id: str, tally: Tally, runner: str | None, now: float,
               lease_until: float, *, stop: bool = False) -> list[dict]:
@@ -178,8 +180,7 @@ class RunWrites:
                                                  ("cost_nano", tally.cost_nano), ("running", -1 if stop else 0))
                  if value}
         if added:
-            elements.append(self.table.meta_update_element(
-                batch_id, "ADD " + ", ".join(f"{name} :{name}" for name in added), **added))
+            elements.append(self._meta(batch_id, "ADD " + ", ".join(f"{name} :{name}" for name in added), **added))
         if tally.cost_nano:
             elements.append(accounts_table.add_usage_element(self.settings, account_id, tally.cost_nano,
                                                              clock.utc_day(now), int(now)))
@@ -191,31 +192,47 @@ class RunWrites:
         chain's next request, not claimed yet, which that run may then never claim (should it be
         alive after all, only stalled): the chain's message goes to a run of its own."""
         elements = [self.table.chain_stop_element(batch_id, model, chain, runner),
-                    self.table.meta_update_element(batch_id, "ADD running :minus_one", minus_one=-1)]
+                    self._meta(batch_id, "ADD running :minus_one", minus_one=-1)]
         if fence_position is not None:
-            elements.append(self.table.request_update_element(
+            elements.append(self._request(
                 batch_id, fence_position, "SET fenced = :runner, #status = if_not_exists(#status, :queued)",
-                "attribute_not_exists(#status) OR #status = :queued", names={"#status": "status"},
+                "attribute_not_exists(#status) OR #status = :queued", {"#status": "status"},
                 runner=runner, queued=RequestStatus.QUEUED))
         return elements
+
+    def fail_request(self, batch_id: str, position: int, claim: str, error: dict, now: float) -> dict:
+        """The sweep takes back a request whose every run died: running -> failed, with `error`,
+        conditional on the dead run's claim (a late settle of that run then fails)."""
+        return self._request(
+            batch_id, position, "SET #status = :failed, #error = :error, finished_at = :now "
+            "REMOVE claim, slot_holder, lease_until", "#status = :running AND claim = :claim",
+            {"#status": "status", "#error": "error"}, failed=RequestStatus.FAILED, error=error,
+            now=int(now), running=RequestStatus.RUNNING, claim=claim)
+
+    def requeue_request(self, batch_id: str, position: int, claim: str) -> dict:
+        """The sweep takes back a request whose run died: running -> queued, due at once,
+        conditional on the dead run's claim (a late settle of that run then fails)."""
+        return self._request(
+            batch_id, position, "SET #status = :queued, lease_until = :zero REMOVE claim, slot_holder",
+            "#status = :running AND claim = :claim", {"#status": "status"},
+            queued=RequestStatus.QUEUED, running=RequestStatus.RUNNING, claim=claim, zero=0)
 
     def fail_unrun(self, message: RequestMessage, meta: BatchRecord, error: dict, now: float) -> list[dict]:
         """A request that can never run fails without a claim, counted at once (no run has its
         chain: it moves past it)."""
         width = meta.lane_widths[message.model]
         return [
-            self.table.request_update_element(
+            self._request(
                 message.batch_id, message.position,
                 "SET #status = :failed, #error = :error, finished_at = :now, #ttl = :ttl",
                 "attribute_not_exists(pk) OR #status = :queued",
-                names={"#status": "status", "#error": "error", "#ttl": "ttl"},
+                {"#status": "status", "#error": "error", "#ttl": "ttl"},
                 failed=RequestStatus.FAILED, error=error, now=int(now), ttl=meta.ttl,
                 queued=RequestStatus.QUEUED),
             # Never once the batch is final (it may have become so since the caller's read): a
             # final batch's counts never change.
-            self.table.meta_update_element(message.batch_id, "ADD failed :one", NOT_FINAL,
-                                           names={"#status": "status"}, one=1,
-                                           **{str(status): status for status in FINAL_STATUSES}),
+            self._meta(message.batch_id, "ADD failed :one", NOT_FINAL, {"#status": "status"}, one=1,
+                       **{str(status): status for status in FINAL_STATUSES}),
             self.table.chain_move_element(message.batch_id, message.model, message.index % width, message.index,
                                           message.index + width, now + self.settings.batch_dispatch_lease_seconds),
         ]

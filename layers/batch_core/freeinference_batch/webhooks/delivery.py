@@ -25,10 +25,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from freeinference_batch.core import aws, clock
+from freeinference_batch.core import clock
 from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import WebhookDeliveryMessage, WebhookEvent, WebhookEventData, WebhookEventType
 from freeinference_batch.core.settings import SQS_MAX_VISIBILITY_SECONDS, Settings
+from freeinference_batch.store import queues
 from freeinference_batch.store.webhook_endpoints import EndpointRecord, WebhookEndpoints
 from freeinference_batch.webhooks import signing, urls
 
@@ -129,12 +130,11 @@ def handle_record(settings: Settings, record: dict,
         logger.info("webhook delivery done", extra=log)
         return True
     if verdict.dead_letter:
-        aws.sqs().send_message(QueueUrl=settings.webhook_dead_letter_queue_url, MessageBody=record["body"])
+        queues.send_message(settings.webhook_dead_letter_queue_url, record["body"])
         logger.warning("webhook delivery given up", extra=log)
         return True
     assert verdict.delay is not None
-    aws.sqs().change_message_visibility(QueueUrl=settings.webhook_delivery_queue_url,
-                                        ReceiptHandle=record["receiptHandle"],
-                                        VisibilityTimeout=max(1, min(SQS_MAX_VISIBILITY_SECONDS, round(verdict.delay))))
+    queues.change_visibility(settings.webhook_delivery_queue_url, record["receiptHandle"],
+                             max(1, min(SQS_MAX_VISIBILITY_SECONDS, round(verdict.delay))))
     logger.info("webhook delivery retried later", extra={**log, "delay": verdict.delay})
     return False

@@ -1,12 +1,11 @@
 """What a batch's status changes tell the world: EventBridge events and webhook deliveries.
 
 They are read from the batch table's DynamoDB stream (NEW_AND_OLD_IMAGES, the mapping filtered
-to `META` items), not written by the code that changes a status: a status changes in several
-places (the first claim's transaction in store/runs.py, lifecycle.py, cancel and delete in
-batches.py, expiry in schedules.py), one of them inside the worker's hottest transaction, and
-an outbox item there would be a write per run. The stream costs no write at all, holds every
-change that committed (a function that dies after its commit still notifies), keeps a record
-24 hours, and Lambda retries a record until it succeeds: at least once. A record read twice
+to `META` items), not written by the code that changes a status: a status changes by several
+writes (store/batch_status.py lists them), one of them inside the worker's hottest transaction
+(the first claim's), and an outbox item there would be a write per run. The stream costs no
+write at all, holds every change that committed (a function that dies after its commit still
+notifies), keeps a record 24 hours, and Lambda retries a record until it succeeds: at least once. A record read twice
 gives the same webhook events (their id derives from the batch and the status, which a batch
 reaches once) and an EventBridge event with the same detail.
 
@@ -21,7 +20,7 @@ import json
 from typing import Any
 
 from freeinference_batch.batches import views
-from freeinference_batch.core import aws, clock
+from freeinference_batch.core import clock
 from freeinference_batch.core.schemas import (
     FINAL_STATUSES,
     BatchStatus,
@@ -30,6 +29,7 @@ from freeinference_batch.core.schemas import (
     WebhookEventType,
 )
 from freeinference_batch.core.settings import Settings
+from freeinference_batch.store import event_bus, queues
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import from_item
 from freeinference_batch.store.webhook_endpoints import WebhookEndpoints
@@ -66,12 +66,7 @@ def event_id(batch_id: str, event_type: str) -> str:
 
 
 def put_event(settings: Settings, change: BatchStatusChange) -> None:
-    answer = aws.events().put_events(Entries=[{
-        "Source": EVENT_SOURCE, "DetailType": DETAIL_TYPE, "Detail": change.model_dump_json(),
-        "EventBusName": settings.event_bus_name, "Resources": [],
-    }])
-    if answer.get("FailedEntryCount"):
-        raise RuntimeError(f"PutEvents refused the event: {answer.get('Entries')}")
+    event_bus.put_event(settings.event_bus_name, EVENT_SOURCE, DETAIL_TYPE, change.model_dump_json())
 
 
 def queue_deliveries(settings: Settings, change: BatchStatusChange, meta: BatchRecord) -> int:
@@ -87,12 +82,7 @@ def queue_deliveries(settings: Settings, change: BatchStatusChange, meta: BatchR
                                queued_at=now).model_dump_json()
         for endpoint in WebhookEndpoints(settings).list(meta.account_id) if event_type in endpoint.event_types
     ]
-    for start in range(0, len(messages), 10):
-        chunk = messages[start:start + 10]
-        answer = aws.sqs().send_message_batch(QueueUrl=settings.webhook_delivery_queue_url, Entries=[
-            {"Id": str(index), "MessageBody": body} for index, body in enumerate(chunk)])
-        if answer.get("Failed"):
-            raise RuntimeError(f"SendMessageBatch refused deliveries: {answer['Failed']}")
+    queues.send_messages(settings.webhook_delivery_queue_url, messages)
     return len(messages)
 
 

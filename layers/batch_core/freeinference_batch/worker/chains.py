@@ -4,7 +4,7 @@ request, and moving the chain on when a request settles."""
 from __future__ import annotations
 
 from freeinference_batch.batches import dispatch, lifecycle
-from freeinference_batch.core.schemas import RequestMessage, RequestStatus
+from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
@@ -50,9 +50,7 @@ class Chains:
     def renew_dispatch_lease(self, message: RequestMessage, meta: BatchRecord, until: float) -> None:
         """Tell the sweep the chain standing at this request is alive (it waits), so it sends no duplicate."""
         self.table.set_lane_lease(message.batch_id, message.model, chain_of(message, meta), message.index, until)
-        self.table.update_request(message.batch_id, message.position, "SET lease_until = :until",
-                                  "#status = :queued", names={"#status": "status"}, until=until,
-                                  queued=RequestStatus.QUEUED)
+        self.table.set_request_lease(message.batch_id, message.position, until)
 
     def continue_chain(self, message: RequestMessage, following: RequestMessage | None, now: float,
                        delay_seconds: int = 0) -> None:
@@ -62,4 +60,4 @@ class Chains:
             return
         fresh = self.table.get_meta(message.batch_id)
         if fresh is not None:
-            lifecycle.try_finalize(self.settings, self.table, fresh, now)
+            lifecycle.try_finalize(self.settings, fresh, now)

@@ -14,12 +14,13 @@ from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionFailed, transact
-from freeinference_batch.store.leases import Leases, SlotBlock, SlotBlocks, entry_expiry, new_run, slots_held
+from freeinference_batch.store.leases import entry_expiry, slots_held
 from freeinference_batch.store.runs import RunWrites, Tally
 from freeinference_batch.worker import fairness
 from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiting_since
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock, SlotBlocks, new_run
 from freeinference_batch.worker.waiting import WaitingRoom
 
 # How long a chain waits when its owner's account has lost batch access, before it looks again.
@@ -29,8 +30,8 @@ CHAIN_BUSY_WAIT_SECONDS = (5.0, 10.0)
 
 
 class Claims:
-    def __init__(self, settings: Settings, table: BatchTable, leases: Leases, blocks: SlotBlocks, gates: Gatekeeper,
-                 waiting: WaitingRoom, chains: Chains, writes: RunWrites) -> None:
+    def __init__(self, settings: Settings, table: BatchTable, leases: BlockLeases, blocks: SlotBlocks,
+                 gates: Gatekeeper, waiting: WaitingRoom, chains: Chains, writes: RunWrites) -> None:
         self.settings = settings
         self.table = table
         self.leases = leases
@@ -47,13 +48,13 @@ class Claims:
         log = {"batch_id": message.batch_id, "position": message.position, "model": message.model}
         if verdict.kind == "gone":
             if meta is not None:
-                lifecycle.try_finalize(self.settings, self.table, meta, now)
+                lifecycle.try_finalize(self.settings, meta, now)
             return Done()
         assert meta is not None and verdict.owner is not None
         owner = verdict.owner
         if verdict.kind == "unauthorized":
             logger.info("owner no longer valid: failing the batch", extra={**log, "reason": owner.reason})
-            lifecycle.fail_batch(self.settings, self.table, meta, now, "owner_unauthorized",
+            lifecycle.fail_batch(self.settings, meta, now, "owner_unauthorized",
                                  f"The key or account that created the batch is no longer valid: {owner.reason}")
             return Done()
         if verdict.kind == "quota":
@@ -90,7 +91,7 @@ class Claims:
         # then the claim's transaction. The slots items are the table's hottest: in a transaction
         # DynamoDB would bill each of their writes twice, and transactions on them would conflict
         # with each other. An invocation that dies between the two leaves a block that no claim
-        # names: it expires (store/leases.py) and whoever next finds the slots full reaps it.
+        # names: it expires (slot_blocks.py) and whoever next finds the slots full reaps it.
         block.join(run)
         taken: list[dict] = []
         try:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from freeinference_batch.store.leases import Waiter, entry_aged, entry_slots, holder_batch, waiters_of
+from freeinference_batch.store.leases import Waiter, entry_aged, entry_slots, waiters_of
+from freeinference_batch.worker.slot_blocks import holder_batch
 
 # A batch with at most this many requests left takes the slots it can use ahead of bigger ones:
 # it is over in a few request times.

@@ -14,8 +14,9 @@ from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_keys import meta_key, record_of
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.batch_table import BatchTable, meta_key, record_of
+from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import account_slots_key, model_slots_key
 from freeinference_batch.worker import model_backoff
@@ -130,7 +131,7 @@ class Gatekeeper:
         return Gates(meta=meta, key_item=key_item or {}, account=account or {},
                      usage_nano=int((usage or {}).get("cost_nano", 0)), load=int((load or {}).get("inflight", 0)),
                      model_slots=model_slots, account_slots=account_slots,
-                     backoff=accounts_table.backoff_of(backoff))
+                     backoff=model_backoff.backoff_of(backoff))
 
     def judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0) -> Verdict:
         """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over."""

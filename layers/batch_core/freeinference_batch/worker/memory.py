@@ -24,7 +24,7 @@ import threading
 from types import TracebackType
 
 from freeinference_batch.core.catalog import MAX_WORKER_BATCH_SIZE
-from freeinference_batch.store.batch_table import CHUNK_CACHE_BYTES
+from freeinference_batch.store.caches import CHUNK_CACHE_BYTES
 from freeinference_batch.store.input_chunks import ALONE_BYTES
 from freeinference_batch.worker.upstream import MAX_RESPONSE_BYTES
 

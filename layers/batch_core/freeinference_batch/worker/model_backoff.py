@@ -13,6 +13,7 @@ only when it changes: not per request.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 OVERLOAD_CODES = frozenset({"rate_limited", "service_unavailable"})
 
@@ -23,6 +24,13 @@ class Backoff:
 
     cap: int
     changed_at: float
+
+
+def backoff_of(item: dict[str, Any] | None) -> Backoff | None:
+    """The backoff the model's backoff item shows, if any (store/accounts_table.py)."""
+    if not item or "cap" not in item:
+        return None
+    return Backoff(cap=int(item["cap"]), changed_at=float(item["changed_at"]))
 
 
 def capped(capacity: int, backoff: Backoff | None) -> int:

@@ -12,9 +12,9 @@ from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from freeinference_batch.core.observability import metrics
 from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.leases import SlotBlock
 from freeinference_batch.store.runs import Tally
 from freeinference_batch.worker import model_backoff
+from freeinference_batch.worker.slot_blocks import SlotBlock
 
 _metrics_lock = threading.Lock()
 # Requests settled per (metric, model) in this invocation, published per model by the handler
@@ -70,7 +70,7 @@ class Claimed:
     meta: BatchRecord
     # The request's claim (every write of its run is conditional on it), the chain's run (its
     # `runner`, which outlives the claim: a hand-over passes it on), and the invocation's block
-    # that holds the run's two slots (store/leases.py), which a hand-over keeps without writing.
+    # that holds the run's two slots (slot_blocks.py), which a hand-over keeps without writing.
     token: str
     run: str
     block: SlotBlock

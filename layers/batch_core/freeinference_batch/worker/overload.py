@@ -20,19 +20,23 @@ def adjust_model_cap(settings: Settings, catalog: Catalog, claimed: Claimed, out
     model = catalog.models.get(model_name)
     if model is None:
         return
+    # Each write is conditional on the backoff the claim's gates read (none: no backoff).
+    backoff = claimed.backoff
+    seen_cap, seen_at = (backoff.cap, backoff.changed_at) if backoff is not None else (None, None)
     try:
         if outcome.kind == "retry" and (outcome.error or {}).get("code") in model_backoff.OVERLOAD_CODES:
-            cap = model_backoff.lowered(claimed.capacity, claimed.backoff, now, settings.batch_backoff_cooldown_seconds)
-            if cap is not None and accounts_table.set_model_cap(settings, model_name, cap, now, claimed.backoff):
+            cap = model_backoff.lowered(claimed.capacity, backoff, now, settings.batch_backoff_cooldown_seconds)
+            if cap is not None and accounts_table.set_model_cap(settings, model_name, cap, now, seen_cap=seen_cap,
+                                                                seen_at=seen_at):
                 metric("ModelCapLowered")
                 logger.warning("model overloaded: batch cap lowered", extra={"model": model_name, "cap": cap})
-        elif outcome.kind == "completed" and claimed.backoff is not None:
-            cap = model_backoff.raised(model.batch_concurrency, claimed.backoff, now, settings.batch_recovery_seconds)
+        elif outcome.kind == "completed" and backoff is not None:
+            cap = model_backoff.raised(model.batch_concurrency, backoff, now, settings.batch_recovery_seconds)
             if cap is None:
                 return
             if cap >= model.batch_concurrency:
-                accounts_table.end_model_backoff(settings, model_name, claimed.backoff)
+                accounts_table.end_model_backoff(settings, model_name, seen_cap=backoff.cap, seen_at=backoff.changed_at)
             else:
-                accounts_table.set_model_cap(settings, model_name, cap, now, claimed.backoff)
+                accounts_table.set_model_cap(settings, model_name, cap, now, seen_cap=seen_cap, seen_at=seen_at)
     except ClientError:
         logger.exception("could not adjust the model's batch cap", extra={"model": model_name})

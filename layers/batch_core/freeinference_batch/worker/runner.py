@@ -6,7 +6,7 @@ calls, a request's life is:
 1. one BatchGetItem reads the batch, the owner's key, account and day's usage, the model's
    interactive load and both slot items (the gates, cheapest first);
 2. a model slot and an account slot, one conditional write each (one more slot in the
-   invocation's block of the batch's slots, see store/leases.py), then one transaction claims it:
+   invocation's block of the batch's slots, see slot_blocks.py), then one transaction claims it:
    request queued→running (attempts+1), the chain taken at its head, the batch's running count;
 3. the upstream call;
 4. the hand-over, after step 1's gates for the chain's next request: one write settles this
@@ -49,7 +49,6 @@ from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
-from freeinference_batch.store.leases import Leases, SlotBlocks
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker import upstream
 from freeinference_batch.worker.call_budget import Invocation, call_budget
@@ -60,6 +59,7 @@ from freeinference_batch.worker.gates import Gatekeeper, OwnerReads
 from freeinference_batch.worker.memory import FUNCTION_MEMORY_MB, large_requests
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
 from freeinference_batch.worker.settling import Settler
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlocks
 from freeinference_batch.worker.waiting import WaitingRoom
 
 UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
@@ -71,7 +71,7 @@ FRESH_COPY_AFTER_RECEIVES = 500
 @dataclass
 class InvocationState:
     """What the Workers of one invocation's records share: its holds on slots, one block per batch
-    (store/leases.py), and the owners' items its chains may reuse (gates.py)."""
+    (slot_blocks.py), and the owners' items its chains may reuse (gates.py)."""
 
     blocks: SlotBlocks
     owners: OwnerReads
@@ -91,7 +91,7 @@ class Worker:
         self.settings = settings
         self.large = large_requests(settings.batch_max_body_bytes, memory_mb)
         self.table = BatchTable(settings)
-        self.leases = leases = Leases(settings)
+        self.leases = leases = BlockLeases(settings)
         catalog = load_catalog(settings.model_catalog_path)
         writes = RunWrites(settings, self.table)
         chains = Chains(settings, self.table)

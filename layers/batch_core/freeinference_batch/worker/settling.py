@@ -19,7 +19,7 @@ from freeinference_batch.core.schemas import RequestMessage, RequestStatus
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, apply_update, transact
-from freeinference_batch.store.leases import Leases, SlotBlock, slots_held
+from freeinference_batch.store.leases import slots_held
 from freeinference_batch.store.runs import RunWrites
 from freeinference_batch.worker import upstream
 from freeinference_batch.worker.call_budget import Invocation, may_hand_over
@@ -28,6 +28,7 @@ from freeinference_batch.worker.fairness import fair_shares, keeps_slot, live_wa
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
 from freeinference_batch.worker.outcomes import Claimed, Done, Leave, Parked, count_settled, metric
 from freeinference_batch.worker.overload import adjust_model_cap
+from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock
 from freeinference_batch.worker.waiting import WaitingRoom
 
 # A chain that yields its slot sends its next message this late, so the woken chain comes first.
@@ -35,7 +36,7 @@ YIELD_DELAY_SECONDS = 1
 
 
 class Settler:
-    def __init__(self, settings: Settings, table: BatchTable, leases: Leases, catalog: Catalog, gates: Gatekeeper,
+    def __init__(self, settings: Settings, table: BatchTable, leases: BlockLeases, catalog: Catalog, gates: Gatekeeper,
                  waiting: WaitingRoom, chains: Chains, writes: RunWrites, crash: Callable[[str], None]) -> None:
         self.settings = settings
         self.table = table
@@ -137,7 +138,7 @@ class Settler:
                                                    claimed.block, claimed.tally)
         cost = int(settled.get("cost_nano", 0))
         if block.lost:
-            return Leave()  # its slots expired under it (store/leases.py): queue up again
+            return Leave()  # its slots expired under it (slot_blocks.py): queue up again
         gates = self.gates.read(following, now, reuse_owner=True)
         verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost)
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:

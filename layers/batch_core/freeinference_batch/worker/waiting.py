@@ -8,12 +8,11 @@ import random
 
 from botocore.exceptions import ClientError
 
-from freeinference_batch.core import aws
 from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.core.settings import Settings
+from freeinference_batch.store import queues
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import Leases, Waiter, chain_slots_keys, slots_held
 from freeinference_batch.worker.chains import Chains, remaining, waiter_id, waiting_since
 from freeinference_batch.worker.fairness import live_waiters
@@ -69,9 +68,7 @@ class WaitingRoom:
         return Parked(seconds)
 
     def read_slots(self, keys: list[dict]) -> list[dict | None]:
-        found = batch_get({self.settings.accounts_table_name: {"Keys": keys, "ConsistentRead": True}})
-        by_key = {(i["pk"], i["sk"]): i for i in found[self.settings.accounts_table_name]}
-        return [by_key.get((k["pk"]["S"], k["sk"]["S"])) for k in keys]
+        return self.leases.read_many(keys)
 
     def wake_waiters(self, message: RequestMessage, account_id: str, now: float,
                      known: list[dict | None] | None = None) -> None:
@@ -104,8 +101,7 @@ class WaitingRoom:
 
     def _make_visible(self, waiter: Waiter) -> None:
         try:
-            aws.sqs().change_message_visibility(QueueUrl=self.settings.model_queue_url(waiter.model),
-                                                ReceiptHandle=waiter.handle, VisibilityTimeout=0)
+            queues.change_visibility(self.settings.model_queue_url(waiter.model), waiter.handle, 0)
             metric("WaitersWoken")
         except (ClientError, KeyError):
             # Received again since (a new handle) or gone: it is running or will come back by itself.

@@ -1,0 +1,145 @@
+"""Every change of a batch's status, one named write each: the only code that moves a batch's
+`META` item from one status to another.
+
+| write | status from -> to | made by |
+|---|---|---|
+| `create` | (none) -> `validating` | create (`batches/operations.py`), with the account's unfinished count |
+| `start` | `validating` / `in_progress` -> `in_progress` | a chain's first claim (`store/runs.py` `start_chain`) |
+| `mark_failing` | unchanged, `failing` set | the owner lost the right to run it (`lifecycle.fail_batch`) |
+| `start_cancelling` | `validating` / `in_progress` -> `cancelling` | cancel while requests run (`cancel_batch`) |
+| `finish` | -> `completed` / `failed` / `expired` / `cancelled` | `lifecycle.try_finalize`; cancel when none runs |
+| `delete` | any, none running -> `deleted` | delete (`batches/operations.py` `delete_batch`) |
+
+Each is conditional on the status its caller read (and on `running`): of two writers deciding
+from the same read, one wins. A write made alone answers the new record (None when its condition
+did not hold); one that joins a transaction answers the transaction's elements, which the caller
+writes (`dynamo.transact`), as `store/runs.py`'s do. The final transitions and a delete carry the
+account's unfinished-batch count with them, so the count stays exact whoever gets there first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus
+from freeinference_batch.core.settings import Settings
+from freeinference_batch.store import accounts_table
+from freeinference_batch.store.batch_keys import (
+    META,
+    OPEN_SHARD,
+    PURGE_SHARD,
+    batch_pk,
+    created_key,
+    meta_key,
+    record_of,
+)
+from freeinference_batch.store.batch_record import BatchRecord
+from freeinference_batch.store.dynamo import to_item, update_element, update_returning
+
+# The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
+STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
+# TTL is a backstop only: it deletes a finished batch within days of its purge_at; reads stop at purge_at.
+TTL_AFTER_PURGE_SECONDS = 3 * 86400
+
+
+def new_meta(batch_id: str, *, account_id: str, key_hash: str, created_at: int, window_seconds: int, total: int,
+             metadata: dict[str, str] | None, id_base: int, chunk_starts: list[int], lane_widths: dict[str, int],
+             ttl: int) -> dict[str, Any]:
+    """The META item of a new batch, as `create` writes it (and as its first answer reads it)."""
+    return {
+        "pk": batch_pk(batch_id), "sk": META, "id": batch_id,
+        "owner": account_id, "account_id": account_id, "key_hash": key_hash,
+        "created_key": created_key(batch_id),
+        "status": BatchStatus.VALIDATING, "created_at": created_at, "expires_at": created_at + window_seconds,
+        "window_seconds": window_seconds, "total": total, "completed": 0, "failed": 0, "running": 0,
+        "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
+        "lane_widths": lane_widths, "open_shard": OPEN_SHARD, "ttl": ttl,
+    }
+
+
+def create(settings: Settings, meta: dict[str, Any]) -> list[dict]:
+    """(nothing) -> validating: META put (only if no such batch exists), and one of the account's
+    unfinished batches taken (only while it has fewer than `batch_max_unfinished`), in that order."""
+    return [
+        {"Put": {"TableName": settings.batch_table_name, "Item": to_item(meta),
+                 "ConditionExpression": "attribute_not_exists(pk)"}},
+        accounts_table.unfinished_increment_element(settings, meta["account_id"], settings.batch_max_unfinished),
+    ]
+
+
+def start(settings: Settings, batch_id: str, now: float) -> dict:
+    """validating -> in_progress (already in progress: unchanged), one more chain running: only
+    while the batch starts requests and its window is open. An element of the first claim's
+    transaction."""
+    return update_element(
+        settings.batch_table_name, meta_key(batch_id),
+        "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
+        f"{STARTS_REQUESTS} AND expires_at > :now",
+        names={"#status": "status"}, in_progress=BatchStatus.IN_PROGRESS, validating=BatchStatus.VALIDATING,
+        now=int(now), one=1,
+    )
+
+
+def mark_failing(settings: Settings, batch_id: str, error: dict[str, Any]) -> BatchRecord | None:
+    """The owner lost the right to run it: `failing` set (no request starts any more), the status
+    kept until none runs (`finish` then moves it to failed). Only while it runs; None otherwise."""
+    return record_of(update_returning(
+        settings.batch_table_name, meta_key(batch_id), "SET failing = :error",
+        "#status IN (:validating, :in_progress)", names={"#status": "status"}, error=error,
+        validating=BatchStatus.VALIDATING, in_progress=BatchStatus.IN_PROGRESS,
+    ))
+
+
+def start_cancelling(settings: Settings, meta: BatchRecord, now: float) -> BatchRecord | None:
+    """validating / in_progress -> cancelling: only while it is as read and requests run (with
+    none running, cancel is `finish`); None otherwise."""
+    return record_of(update_returning(
+        settings.batch_table_name, meta_key(meta.id), "SET #status = :cancelling, cancelling_at = :now",
+        "#status = :old AND running > :zero", names={"#status": "status"},
+        cancelling=BatchStatus.CANCELLING, now=int(now), old=meta.status, zero=0,
+    ))
+
+
+def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float) -> list[dict]:
+    """-> `final` (completed, failed, expired or cancelled): only from the status as read and with
+    none running, so a final batch's counts never change. It leaves the open index and joins the
+    purge index; a failed batch's `failing` becomes its `error`; a batch cancelled straight from
+    running (none was) is cancelling and cancelled at once. With it, the account's unfinished
+    batch given back: the account of `account_id`, the same as `owner`, which only a delete
+    removes (and a deleted batch never finishes)."""
+    at = int(now)
+    sets = ["#status = :final", f"{final}_at = :now", "finished_at = :now", "purge_shard = :purge_shard",
+            "purge_at = :purge_at", "#ttl = :ttl"]
+    names = {"#status": "status", "#ttl": "ttl"}
+    if final == BatchStatus.FAILED:
+        sets.append("#error = failing")
+        names["#error"] = "error"
+    if final == BatchStatus.CANCELLED and meta.status != BatchStatus.CANCELLING:
+        sets.append("cancelling_at = :now")
+    purge_at = at + settings.batch_retention_seconds
+    return [
+        update_element(
+            settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE open_shard",
+            "#status = :old AND running = :zero", names=names,
+            final=final, old=meta.status, zero=0, now=at, purge_shard=PURGE_SHARD, purge_at=purge_at,
+            ttl=purge_at + TTL_AFTER_PURGE_SECONDS,
+        ),
+        accounts_table.unfinished_decrement_element(settings, meta.account_id),
+    ]
+
+
+def delete(settings: Settings, meta: BatchRecord, now: float) -> list[dict]:
+    """-> deleted, from the status as read and with none running: out of the owner's list and the
+    open index, due for the purge at once; and, unless it had finished (which gave it back), the
+    account's unfinished batch given back."""
+    at = int(now)
+    elements = [update_element(
+        settings.batch_table_name, meta_key(meta.id),
+        "SET #status = :deleted, deleted_at = :now, purge_shard = :purge, purge_at = :now "
+        "REMOVE #owner, created_key, open_shard",
+        "#status = :old AND running = :zero", names={"#status": "status", "#owner": "owner"},
+        deleted=BatchStatus.DELETED, now=at, purge=PURGE_SHARD, old=meta.status, zero=0,
+    )]
+    if meta.status not in FINAL_STATUSES:
+        elements.append(accounts_table.unfinished_decrement_element(settings, meta.account_id))
+    return elements
