@@ -1,9 +1,10 @@
 """The repository paths a doc names in backticks, and where each is found.
 
 The docs name a file from the repository root (`tests/deploy/test_template.py`), from a package's
-folder (`freeinference_batch_local/aws_faults.py`), or, for the service, from inside its package
-(`worker/settling.py`, as docs/ARCHITECTURE.md's module table does). A name with a placeholder or
-a wildcard (`functions/<name>/app.py`, `events/api-*.json`) names no one file and is skipped.
+folder (`freeinference_batch_local/aws_faults/config.py`), or, for the service, from inside its
+package (`worker/settling.py`, as docs/ARCHITECTURE.md's module table does). A name with a
+placeholder or a wildcard (`functions/<name>/app.py`, `events/api-*.json`) names no one file and
+is skipped.
 """
 
 from __future__ import annotations

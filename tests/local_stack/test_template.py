@@ -1,6 +1,6 @@
-"""freeinference_batch_local/template.py: reading a template as CloudFormation sees it (short-form
-tags in their long form) and expanding its local nested applications into the parent's terms,
-on small templates and on the repo's own."""
+"""freeinference_batch_local/cloudformation/template.py: reading a template as CloudFormation
+sees it (short-form tags in their long form) and expanding its local nested applications into
+the parent's terms, on small templates and on the repo's own."""
 
 from __future__ import annotations
 

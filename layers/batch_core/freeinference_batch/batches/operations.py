@@ -35,7 +35,6 @@ BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
 # A limit as the spec writes it: ASCII digits only. int() would also read "1_0", " +5 " and other
 # scripts' digits, which no documented client sends and openapi.yaml does not allow.
 LIMIT = re.compile(r"[0-9]+")
-# Retry-After of a write that conflicted with another one (they last milliseconds).
 
 
 # ---- create -----------------------------------------------------------------------------

@@ -76,8 +76,8 @@ class Settings(BaseSettings):
     upstream_api_key_secret: str = Field("", alias="UPSTREAM_API_KEY_SECRET")
     upstream_api_key_max_age_seconds: int = Field(300, alias="UPSTREAM_API_KEY_MAX_AGE_SECONDS", ge=0)
 
-    # Webhooks (webhooks.py, webhook_delivery.py) and status events (status_events.py).
-    # The key every endpoint's signing secret is derived from (webhook_signing.py): the name or ARN
+    # Webhooks (webhooks/: endpoints.py, delivery.py, status_events.py).
+    # The key every endpoint's signing secret is derived from (webhooks/signing.py): the name or ARN
     # of a Secrets Manager secret deployed; WEBHOOK_SIGNING_KEY in plain text for tests only.
     webhook_signing_key_secret: str = Field("", alias="WEBHOOK_SIGNING_KEY_SECRET")
     webhook_signing_key: str = Field("", alias="WEBHOOK_SIGNING_KEY")

@@ -3,7 +3,7 @@
 | pk | sk | holds |
 |---|---|---|
 | `ACCOUNT#<id>` | `WEBHOOK#<endpoint id>` | url, name, event types, the secret's nonce (never the |
-|  |  | secret: webhook_signing.py), the previous nonce and until when it still signs, |
+|  |  | secret: webhooks/signing.py), the previous nonce and until when it still signs, |
 |  |  | `unreachable_until`; `deleted_at` and `ttl` once deleted |
 | `ACCOUNT#<id>` | `WEBHOOKS` | `count`: the account's endpoints not deleted (at most `WEBHOOK_MAX_ENDPOINTS`) |
 

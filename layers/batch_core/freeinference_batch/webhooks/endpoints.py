@@ -44,7 +44,6 @@ ENDPOINT_ID = re.compile(r"we_[0-9a-f]{32}")
 EVENT_TYPES = [member.value for member in WebhookEventType]
 # rotate_secret's keep_old_secret_active_for_24_hours.
 OLD_SECRET_OVERLAP_SECONDS = 24 * 3600
-# What a call refused for a conflict tells the caller to wait (as batches.py's).
 # The batch id a test delivery names: no batch has it.
 TEST_BATCH_ID = "batch_test"
 
