@@ -20,7 +20,7 @@ API_ROUTES = {
     ("GET", "/v1/batches/{batch_id}/results"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
     ("DELETE", "/v1/batches/{batch_id}"),
-    # OpenAI's webhook-endpoint API (webhooks.py), so the openai package's client.webhooks works.
+    # OpenAI's webhook-endpoint API (webhooks/endpoints.py), so the openai package's client.webhooks works.
     ("POST", "/v1/webhook_endpoints"),
     ("GET", "/v1/webhook_endpoints"),
     ("GET", "/v1/webhook_endpoints/{endpoint_id}"),

@@ -35,9 +35,9 @@ PAIRS: dict[str, type[BaseModel]] = {
     "WebhookEndpointTestResult": schemas.WebhookEndpointTestResult,
     "WebhookEventTypeList": schemas.WebhookEventTypeList,
 }
-# openapi.yaml's request bodies -> the model the service parses them with (webhooks.py). Event
-# types are plain strings there, so that one outside the four is refused naming it (the document's
-# enum), not as a type error.
+# openapi.yaml's request bodies -> the model the service parses them with (webhooks/endpoints.py).
+# Event types are plain strings there, so that one outside the four is refused naming it (the
+# document's enum), not as a type error.
 REQUESTS: dict[str, type[BaseModel]] = {
     "CreateWebhookEndpointRequest": schemas.WebhookCreateBody,
     "UpdateWebhookEndpointRequest": schemas.WebhookUpdateBody,
