@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
