@@ -12,7 +12,7 @@ from freeinference_batch_client.cli import main, results
 from freeinference_batch_client.client import BatchApiError, BatchClientError, redact
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
-from tests.client.test_client import BATCH_ID, make, page, response, result_json
+from tests.client.helpers import BATCH_ID, make, page, response, result_json
 
 SECRET = "SiGnAtUrE0123456789abcdef"
 LINK = ("https://bucket.s3.amazonaws.com/batch_x/responses/000000001/t.json.gz?X-Amz-Algorithm=AWS4-HMAC-SHA256"
