@@ -1,7 +1,7 @@
 """No import circle in any of the project's packages (the service, the client side, the local
 stack): every arrow points one way, so a module can be read, tested and moved with what it
 imports and nothing that imports it. Imports inside functions count too (one such import once hid
-a circle between two of the local stack's modules)."""
+a circle between two of the local stack's modules). And no test module imports another."""
 
 from __future__ import annotations
 
@@ -117,3 +117,20 @@ def test_the_service_package_imports_neither_of_the_other_two():
         if not target.startswith("freeinference_batch.") and target != "freeinference_batch"
     )
     assert upward == []
+
+
+def test_no_test_module_imports_another():
+    # What tests share lives in helper modules (helpers.py, conftest.py, ...): a test module can
+    # then be split, renamed or deleted without breaking another one.
+    imports = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            imports += [f"{path.relative_to(REPO)} -> {name}" for name in names
+                        if name.rpartition(".")[2].startswith("test_")]
+    assert imports == []
