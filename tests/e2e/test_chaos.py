@@ -25,7 +25,6 @@ import json
 import os
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,6 @@ import requests
 from conftest import Api, StackProcess, wait_for
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, load_catalog
-from freeinference_batch.store.accounts_table import usage_item_key
-from freeinference_batch.store.dynamo import from_item
-from freeinference_batch_local.upstream_sim import UpstreamSimulator
 from stored_state import StoredState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -116,21 +112,6 @@ def _cost_nano(catalog: Catalog, results: list[dict]) -> int:
     return total
 
 
-def _usage_nano(store: StoredState, env: dict[str, str], account_id: str, day: str) -> int:
-    answer = store.dynamodb.get_item(TableName=env["ACCOUNTS_TABLE_NAME"], Key=usage_item_key(account_id, day),
-                                     ConsistentRead=True)
-    return int((from_item(answer.get("Item")) or {}).get("cost_nano", 0))
-
-
-@pytest.fixture
-def sim() -> Iterator[UpstreamSimulator]:
-    """The simulated upstream in this process, so the test can count the attempts it saw."""
-    simulator = UpstreamSimulator()
-    simulator.start()
-    yield simulator
-    simulator.stop()
-
-
 def _assert_exact(api: CountingApi, catalog: Catalog, batch: dict, lines: list[dict]) -> int:
     """The batch's counts are what its results say, each request appears once, and its cost is
     the sum of its completed requests'; answers that cost."""
@@ -168,7 +149,6 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
         BATCH_RETRY_MAX_SECONDS="0.5",
     )
     store = StoredState(stack)
-    env = json.loads(stack.state_file.read_text())["env"]
     first = CountingApi(stack.base_url, stack.key)
     second = CountingApi(stack.base_url, stack.create_key("chaos-b", tier="internal", concurrency=16))
 
@@ -229,8 +209,8 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
     # And each account's day of usage is the sum over its batches, the deleted one's included
     day = clock.utc_day(finals["a"]["created_at"])
     assert all(clock.utc_day(f["completed_at"] or f["cancelled_at"]) == day for f in finals.values()), finals
-    assert _usage_nano(store, env, "dev", day) == costs["a"] + costs["c"]
-    assert _usage_nano(store, env, "chaos-b", day) == costs["b"] + costs["d"]
+    assert store.usage_nano("dev", day) == costs["a"] + costs["c"]
+    assert store.usage_nano("chaos-b", day) == costs["b"] + costs["d"]
 
     # And it stays so while the sweep runs on (every 0.5 s) and late duplicates arrive
     deadline = time.monotonic() + 3.0
