@@ -2,9 +2,9 @@
 ends once with exact counts and cost.
 
 At the same time:
-- AWS faults (`LOCAL_AWS_FAULTS`, see README "AWS faults"): DynamoDB throttles, 500s, lost answers
-  (applied, then re-sent by botocore), transaction conflicts and reads up to 1 s stale; SQS
-  duplicate deliveries and lost answers; S3 lost answers and 500s;
+- AWS faults (`LOCAL_AWS_FAULTS`, see README "AWS's bad days, on demand"): DynamoDB throttles,
+  500s, lost answers (applied, then re-sent by botocore), transaction conflicts and reads up to 1 s
+  stale; SQS duplicate deliveries and lost answers; S3 lost answers and 500s;
 - 30% of the requests fail their first attempt upstream with 503 (`[sim:fail=503*1]`);
 - BATCH_FAULT_CRASH_RATE: at each of the worker's crash points a few runs die as a killed Lambda
   would (no cleanup, the message not deleted); short leases let the sweep take them back.
