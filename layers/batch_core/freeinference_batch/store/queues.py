@@ -25,7 +25,8 @@ def send_messages(queue_url: str, bodies: list[str], *, delay_seconds: int | Non
         for attempt in range(attempts):
             answer = aws.sqs().send_message_batch(QueueUrl=queue_url, Entries=entries)
             refused = answer.get("Failed", [])
-            entries = [e for e in entries if e["Id"] in {f["Id"] for f in refused}]
+            refused_ids = {failure["Id"] for failure in refused}
+            entries = [entry for entry in entries if entry["Id"] in refused_ids]
             if not entries:
                 break
             if attempt < attempts - 1:
