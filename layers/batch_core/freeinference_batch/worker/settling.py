@@ -84,7 +84,8 @@ class Settler:
             settled = {"status": RequestStatus.COMPLETED, "stored": stored, "cost_nano": cost}
         else:
             metric("RequestsFailed")
-            settled = {"status": RequestStatus.FAILED, "error": outcome.error}
+            error = upstream.after_last_attempt(outcome.error, attempts) if outcome.kind == "retry" else outcome.error
+            settled = {"status": RequestStatus.FAILED, "error": error}
             if outcome.usage:  # the model served it, though its answer cannot be kept
                 settled["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
 
