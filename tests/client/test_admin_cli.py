@@ -369,6 +369,10 @@ def test_preflight_passes_an_account_with_room_before_the_first_deploy(stubbed):
     result = run("preflight", "--template", str(TEMPLATE))
     assert result.exit_code == 0, result.output
     assert result.output.startswith("ok   Lambda concurrency: account quota 1000, unreserved now 1000")
+    # And it states the worst slot time of one request (eight whole timeouts) and how to shorten it
+    assert ("ok   Slot time: a request whose every call times out holds a slot of its model for 8 x 600 s "
+            "= 80 min at worst") in result.output
+    assert "UpstreamTimeoutSeconds=N" in result.output
 
 
 def test_preflight_counts_what_the_deployed_stack_holds_and_checks_the_secret(stubbed):

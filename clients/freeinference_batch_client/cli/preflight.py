@@ -6,6 +6,8 @@
   counting what a deployed stack already holds.
 - The upstream credential: CloudFormation creates the secret with a random placeholder; a
   secret with only that first version was never given the real credential.
+- Slot time (information, never a failure): the most one request may hold a slot of its model,
+  every attempt a whole upstream timeout, and how to shorten it.
 
 The AWS clients are passed in, so the checks run against stubs in tests.
 """
@@ -120,10 +122,24 @@ def upstream_secret(cloudformation: Any, secrets: Any, stack_name: str) -> Findi
     return Finding(True, f"Upstream credential: {arn} was set ({len(versions)} versions)")
 
 
+def slot_time(template: dict[str, Any]) -> Finding:
+    """The worst case of one request's slot time at the template's defaults: a request that times
+    out every time is retried, as a 429 or a 5xx is, up to `MaxAttempts` (the spec's eight) calls
+    of `UpstreamTimeoutSeconds` each, and holds its model's slot (and its account's) through each."""
+    parameters = template.get("Parameters") or {}
+    attempts = int(parameters["MaxAttempts"]["Default"])
+    timeout = float(parameters["UpstreamTimeoutSeconds"]["Default"])
+    return Finding(True, (
+        f"Slot time: a request whose every call times out holds a slot of its model for {attempts} x "
+        f"{timeout:g} s = {attempts * timeout / 60:g} min at worst (MaxAttempts x UpstreamTimeoutSeconds); "
+        "a shorter UpstreamTimeoutSeconds (sam deploy --parameter-overrides UpstreamTimeoutSeconds=N) "
+        "shortens it, and the longest answer a batch request may have with it (README, 'Sizing a model')"))
+
+
 def run(template: dict[str, Any], stack_name: str | None, clients: dict[str, Any]) -> list[Finding]:
     """Every check that applies: concurrency always; the secret once the stack exists."""
     functions = stack_functions(clients["cloudformation"], stack_name) if stack_name else None
-    findings = [concurrency(clients["lambda"], template, functions).finding()]
+    findings = [concurrency(clients["lambda"], template, functions).finding(), slot_time(template)]
     if stack_name and functions is None:
         findings.append(Finding(True, f"Stack {stack_name} is not deployed yet: run again after the deploy"))
     elif stack_name:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
@@ -25,10 +26,12 @@ from freeinference_batch.core.errors import (
 from freeinference_batch.core.observability import log_status_change, logger
 from freeinference_batch.core.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
 from freeinference_batch.core.settings import Settings
+from freeinference_batch.ops import schedules
 from freeinference_batch.store import batch_status, input_chunks
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
+from freeinference_batch.store.runs import RunWrites
 
 # Matched whole (fullmatch): `$` alone would also take a trailing newline.
 BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
@@ -312,11 +315,19 @@ DELETE_RESPONSES_SECONDS = 15.0
 def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
     table = BatchTable(settings)
     meta = owned_meta(settings, principal, batch_id)
+    now = int(clock.now(settings.clock_offset_file))
+    if meta.running:
+        # Refused only while a request really runs: a run that died (its request's lease, and its
+        # chain's, passed) runs nothing, but holds `running` until the sweep takes it back. Take
+        # it back now as the sweep would, counting what it settled (its cost charged to the
+        # account) before the batch goes, and look again.
+        schedules.take_back_dead_runs(settings, table, RunWrites(settings, table), meta, now, Counter(),
+                                      resend=False)
+        meta = owned_meta(settings, principal, batch_id)
     running = meta.running
     if running:
-        raise Conflict(f"Batch {batch_id} has {running} request{'s' if running != 1 else ''} running; "
-                       "cancel it and wait for them to finish, then delete it", code="batch_running")
-    now = int(clock.now(settings.clock_offset_file))
+        raise Conflict(f"Batch {batch_id} is {meta.status} with {running} request{'s' if running != 1 else ''} "
+                       "running; cancel it and wait for them to finish, then delete it", code="batch_running")
     try:
         transact(batch_status.delete(settings, meta, now))
     except TransactionConflict:

@@ -65,8 +65,7 @@ def sweep(settings: Settings) -> dict:
             counts["finalized"] += 1
             continue
         changed = counts["recovered"] + counts["interrupted"] + counts["counted"]
-        for lane in table.get_lanes(meta.id):
-            _sweep_lane(settings, table, writes, meta, lane, now, counts)
+        take_back_dead_runs(settings, table, writes, meta, now, counts)
         if counts["recovered"] + counts["interrupted"] + counts["counted"] > changed:  # maybe the last
             fresh = table.get_meta(meta.id)
             if fresh is not None and lifecycle.try_finalize(settings, fresh, now):
@@ -74,8 +73,19 @@ def sweep(settings: Settings) -> dict:
     return counts
 
 
+def take_back_dead_runs(settings: Settings, table: BatchTable, writes: RunWrites, meta: BatchRecord, now: float,
+                        counts: dict, *, resend: bool = True) -> None:
+    """The sweep of one batch: for each chain whose dispatch lease ran out, count what its dead run
+    settled, take back the request it left running once that request's lease has passed, and free
+    the chain (`counts` says how many of each). `resend`: send each freed chain's next message
+    (the sweep); a delete, after which nothing of the batch runs, sends none (should it still be
+    refused, the sweep sends them when it next passes: their chains' leases have run out)."""
+    for lane in table.get_lanes(meta.id):
+        _sweep_lane(settings, table, writes, meta, lane, now, counts, resend)
+
+
 def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: BatchRecord, lane: dict,
-                now: float, counts: dict) -> None:
+                now: float, counts: dict, resend: bool) -> None:
     positions: list[int] | None = None
     width, size = lane["width"], lane["size"]
     for chain, (head, lease, runner) in enumerate(zip(lane["heads"], lane["leases"], lane["runners"], strict=True)):
@@ -112,7 +122,8 @@ def _sweep_lane(settings: Settings, table: BatchTable, writes: RunWrites, meta: 
             if not _stop_chain(writes, meta, lane, chain, runner, fence_position=position):
                 continue
             counts["recovered"] += 1
-        _send_next(settings, table, meta, lane, head, positions, now, counts)
+        if resend:
+            _send_next(settings, table, meta, lane, head, positions, now, counts)
 
 
 def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane: dict, head: int,

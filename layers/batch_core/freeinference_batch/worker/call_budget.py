@@ -7,8 +7,8 @@ what a fresh invocation gives its first request: the timeout, or the invocation'
 the settle time at its end and as much again at its start (a record's gates and claim before its
 call). A call given less than that was cut short by its invocation's end, not by the upstream:
 when it runs out, the request runs again in a fresh invocation and the attempt does not count.
-A call given the most and still without an answer failed for good: the answer takes longer than
-a batch request may run, and running it again would only burn the model's time again.
+A call given the most and still without an answer timed out: it uses an attempt and is retried
+with backoff, as a 429 or a 5xx is (the spec's eight attempts in all).
 
 Pure arithmetic on `time.monotonic()` values: unit-tested without AWS (tests/service/worker/test_call_budget.py).
 """

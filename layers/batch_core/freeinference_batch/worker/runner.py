@@ -9,11 +9,12 @@ calls, a request's life is:
    invocation's block of the batch's slots, see slot_blocks.py), then one transaction claims it:
    request queued→running (attempts+1), the chain taken at its head, the batch's running count;
 3. the upstream call;
-4. the hand-over, after step 1's gates for the chain's next request: one write settles this
-   request, one claims the next, and now and then one transaction counts what the run settled
-   (the batch's counters and cost, the day's usage, the chain's head moved on). The chain keeps
-   its two slots without writing them (its block is renewed at most once per `lease_seconds`).
-   The next request then runs in the same invocation.
+4. the hand-over: one write settles this request, now and then one transaction counts what the
+   run settled (the batch's counters and cost, the day's usage, the chain's head moved on), one
+   write claims the next request, and then step 1's gates are read for it (after the claim, so
+   a cancel, expiry or failure written before the claim is seen, and the request handed back
+   unstarted). The chain keeps its two slots without writing them (its block is renewed at most
+   once per `lease_seconds`). The next request then runs in the same invocation.
 
 A chain leaves the invocation (a settle and count that stops the chain, the slots given back,
 and a message for its next request) when a gate says no, the invocation is near its timeout,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from freeinference_batch.batches import dispatch
+from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import Catalog
 from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage, RequestStatus
@@ -84,7 +85,8 @@ class Settler:
             settled = {"status": RequestStatus.COMPLETED, "stored": stored, "cost_nano": cost}
         else:
             metric("RequestsFailed")
-            settled = {"status": RequestStatus.FAILED, "error": outcome.error}
+            error = upstream.after_last_attempt(outcome.error, attempts) if outcome.kind == "retry" else outcome.error
+            settled = {"status": RequestStatus.FAILED, "error": error}
             if outcome.usage:  # the model served it, though its answer cannot be kept
                 settled["cost_nano"] = self.catalog.models[message.model].cost_nano(*outcome.usage)
 
@@ -132,40 +134,25 @@ class Settler:
                    settled: dict[str, Any]) -> Claimed | Done | Leave:
         """Settle this request and claim the chain's next one, under the same hold on the slots and
         the same run of the chain: a write of each request alone, and now and then a flush of what
-        the run settled (store/runs.py). Answers the next claim, Done when this run lost its claim,
-        or Leave when the chain must leave the invocation (and settle plainly)."""
+        the run settled (store/runs.py). Answers the next claim, Done when this run lost its claim
+        or gave the chain up, or Leave when the chain must leave the invocation before settling
+        (and settle plainly).
+
+        The next request's gates are read after its claim is written, never before: the claim is a
+        write of the request alone (conditioning it on the batch item would make it a transaction
+        of four write units, conflicting with the counts' writes on that item), so a cancel, an
+        expiry or a failure written before the claim is seen by the read after it, and the request
+        is handed back unstarted (its attempt given back) before its call. One written after that
+        read finds the request running, as one that started before it."""
         message, meta, token, run, block, tally = (claimed.message, claimed.meta, claimed.token, claimed.run,
                                                    claimed.block, claimed.tally)
-        cost = int(settled.get("cost_nano", 0))
         if block.lost:
             return Leave()  # its slots expired under it (slot_blocks.py): queue up again
-        gates = self.gates.read(following, now, reuse_owner=True)
-        verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost)
-        if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
-            return Leave()  # the next request's own message will meet the gate and act on it
-        fresh_meta = gates.meta
-        slots = slots_as_read(message, gates, verdict)
-        # The slots are not written here: the chain keeps its slot in the invocation's block,
-        # checked against this read (a capacity that shrank since is seen at the next hand-over),
-        # and the block's entry is renewed only once less than a run's lease of it is left, by
-        # whichever of its chains comes first (a deployed block lasts its whole invocation, and
-        # is never renewed). So the slots items, the hottest of the table, are written when a
-        # chain starts or leaves, not once per request.
-        renewals = []
-        for slots_key, item, capacity in slots:
-            if slots_held(item) > capacity:
-                return Leave()  # the capacity shrank: give the slot back and queue up again
-            if block.renewal_due(slots_key, now, self.settings.lease_seconds):
-                renewals.append((slots_key, capacity))
-        if self._should_yield(message.batch_id, block, run, remaining(fresh_meta) - 1, slots, now):
-            metric("SlotsYielded")
-            return Leave(YIELD_DELAY_SECONDS, yielded_from=[item for _, item, _ in slots])
-
         if not apply_update(self.writes.settle(message, token, now, **settled)):
             logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
                                                               "position": message.position})
             return Done()  # the sweep took the request back, and counts what this run settled
-        tally.add(settled["status"], cost)
+        tally.add(settled["status"], int(settled.get("cost_nano", 0)))
         count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
@@ -183,22 +170,63 @@ class Settler:
                 logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
                                                                 "position": message.position})
                 return Done()
+        next_token = uuid.uuid4().hex
+        if not self._claim_next(following, next_token, run, now, meta.ttl):
+            # Claimed by another run (the sweep took this one for dead and sent the chain's message
+            # again, or fenced it off): give the chain up, counting what this run settled.
+            self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds)
+            return Done()
+        # Judged at the time of the read, not of the settle: a window that closed meanwhile counts.
+        checked = clock.now(self.settings.clock_offset_file)
+        gates = self.gates.read(following, checked, reuse_owner=True)
+        verdict = self.gates.judge(following, gates, checked, pending_cost=tally.cost_nano)
+        if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
+            # The next request's own message will meet the gate and act on it.
+            return self._give_up(claimed, following, now, next_token=next_token)
+        fresh_meta = gates.meta
+        slots = slots_as_read(message, gates, verdict)
+        # The slots are not written here: the chain keeps its slot in the invocation's block,
+        # checked against this read (a capacity that shrank since is seen at the next hand-over),
+        # and the block's entry is renewed only once less than a run's lease of it is left, by
+        # whichever of its chains comes first (a deployed block lasts its whole invocation, and
+        # is never renewed). So the slots items, the hottest of the table, are written when a
+        # chain starts or leaves, not once per request.
+        renewals = []
+        for slots_key, item, capacity in slots:
+            if slots_held(item) > capacity:
+                # The capacity shrank: give the slot back and queue up again.
+                return self._give_up(claimed, following, now, next_token=next_token)
+            if block.renewal_due(slots_key, now, self.settings.lease_seconds):
+                renewals.append((slots_key, capacity))
+        if self._should_yield(message.batch_id, block, run, remaining(fresh_meta) - 1, slots, now):
+            metric("SlotsYielded")
+            return self._give_up(claimed, following, now, Leave(YIELD_DELAY_SECONDS, [item for _, item, _ in slots]),
+                                 next_token)
         # Renewals are plain writes, as the slots are taken (claims.py), not part of the count.
         if not all(self.leases.renew(slots_key, block, capacity, now, self.settings.lease_seconds)
                    for slots_key, capacity in renewals):
             # A block's renewal failed (the capacity shrank below what is held since the read, or
             # the block was reaped): give the chain up, its next request by a message.
-            self._give_up(claimed, following, now)
-            return Done()
-        next_token = uuid.uuid4().hex
-        if not self._claim_next(following, next_token, run, now, fresh_meta.ttl):
-            # Claimed by another run (the sweep took this one for dead and sent the chain's message
-            # again, or fenced it off): give the chain up, counting what this run settled.
-            self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds)
-            return Done()
+            return self._give_up(claimed, following, now, next_token=next_token)
         metric("RequestsHandedOver")
         return Claimed(following, fresh_meta, next_token, run, block, has_record=False, tally=tally,
                        capacity=verdict.capacity, backoff=gates.backoff)
+
+    def _give_up(self, claimed: Claimed, following: RequestMessage, now: float, leave: Leave | None = None,
+                 next_token: str | None = None) -> Done:
+        """Leave the chain between two requests: count, free the chain and the slots, wake waiters,
+        and send the next request's message (`leave.delay_seconds` late), which meets the gates
+        afresh. `next_token`: the next request's claim, written but not started: in the leave's
+        transaction it goes back to queued with its attempt given back (it never ran)."""
+        leave = leave or Leave()
+        lease_until = now + self.settings.batch_dispatch_lease_seconds
+        unclaim = None if next_token is None else self.writes.settle(
+            following, next_token, now, status=RequestStatus.QUEUED, lease_until=lease_until, give_back_attempt=True)
+        if self._leave(claimed, now, unclaim, lease_until):
+            # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
+            self.waiting.wake_waiters(claimed.message, claimed.meta.account_id, now, leave.yielded_from)
+            self.chains.continue_chain(claimed.message, following, now, leave.delay_seconds)
+        return Done()
 
     def _claim_next(self, following: RequestMessage, token: str, run: str, now: float, ttl: int) -> bool:
         """Claim the chain's next request alone. A claim whose answer was lost and which botocore
@@ -207,13 +235,6 @@ class Settler:
             return True
         state = self.table.get_request(following.batch_id, following.position) or {}
         return state.get("claim") == token
-
-    def _give_up(self, claimed: Claimed, following: RequestMessage, now: float) -> None:
-        """Leave the chain between two requests: count, free the chain and the slots, and send the
-        next request's message."""
-        if self._leave(claimed, now, None, now + self.settings.batch_dispatch_lease_seconds):
-            self.waiting.wake_waiters(claimed.message, claimed.meta.account_id, now)
-            self.chains.continue_chain(claimed.message, following, now)
 
     def _should_yield(self, batch_id: str, block: SlotBlock, run: str, remaining: int,
                       slots: list[tuple[dict, dict | None, int]], now: float) -> bool:

@@ -225,12 +225,23 @@ def call(settings: Settings, body: bytes, *, account_id: str, request_ref: str,
     except (requests.Timeout, _BodyReadTimeout):
         if budget.cut:  # the invocation's end, not the answer's length: run it again in a fresh one
             return Outcome("cut")
-        # The call had the most a batch request may run: running it again would burn as much again.
-        return Outcome("failed", error={"code": "timeout", "status": 504, "message": (
-            f"The answer took longer than the {budget.longest:g} s a batch request may run; it is not tried again")})
+        # The call had the most a batch request may run: a timeout, retried as the spec promises
+        # (up to eight attempts in all: each holds its slots this long, see README "Sizing a model").
+        return Outcome("retry", error={"code": "timeout", "status": 504, "message": (
+            f"The answer took longer than the {budget.longest:g} s a batch request may run")})
     except requests.RequestException as error:
         return Outcome("retry", error={"code": "service_unavailable", "status": 503,
                                        "message": f"Could not reach the model: {type(error).__name__}"})
+
+
+def after_last_attempt(error: dict[str, Any] | None, attempts: int) -> dict[str, Any] | None:
+    """The error a retried outcome reports once its request has had its last attempt: a timeout
+    says it was still timing out after every attempt (the spec's `timeout`), so a user reading it
+    knows retrying the same request as is would most likely time out again."""
+    if error is None or error.get("code") != "timeout":
+        return error
+    return {**error, "message": f"{error['message']}; still timing out after {attempts} attempts, "
+                               "it is not tried again"}
 
 
 def usage_of(completion: dict) -> tuple[int, int]:
