@@ -106,6 +106,6 @@ def test_ctrl_c_stops_cleanly_and_removes_the_state_file(start_stack, tmp_path):
 
 
 def test_fixed_dev_key_from_the_environment(start_stack, tmp_path):
-    own = start_stack(tmp_path, FREEINFERENCE_DEV_KEY="hyi-e2e-fixed-dev-key-0123456789")
-    assert own.key == "hyi-e2e-fixed-dev-key-0123456789"
+    own = start_stack(tmp_path, FREEINFERENCE_DEV_KEY="hyi-e2e-fixed-dev-key-0123456789abcdef0123456789")
+    assert own.key == "hyi-e2e-fixed-dev-key-0123456789abcdef0123456789"
     assert own.api().get("/batches").status_code == 200

@@ -22,8 +22,13 @@ from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 
 KEY_PREFIX = "hyi-"
-# Generated keys are "hyi-" + 43 URL-safe characters; admins may supply their own of this alphabet.
+# Generated keys are "hyi-" + 43 URL-safe characters (256 random bits); admins may supply their own
+# of this alphabet. Keys are stored as unsalted SHA-256, so a short one would be found from its
+# hash by brute force: a chosen key needs at least CHOSEN_KEY_MIN_CHARS after the prefix (6 bits
+# each, 192 bits if chosen at random). Keys chosen before that rule still authenticate (the 8 below).
+CHOSEN_KEY_MIN_CHARS = 32
 _KEY_PATTERN = re.compile(r"^hyi-[A-Za-z0-9_\-]{8,256}$")
+_CHOSEN_KEY_PATTERN = re.compile(rf"^hyi-[A-Za-z0-9_\-]{{{CHOSEN_KEY_MIN_CHARS},256}}$")
 
 ACCOUNT_STATUSES = ("active", "suspended", "deleted")
 DEFAULT_TIER = "standard"
@@ -135,8 +140,10 @@ def create_key(
     _validate_account_fields(tier=tier, concurrency=concurrency)
     if key is None:
         key = generate_key()
-    elif not _KEY_PATTERN.match(key):
-        raise ValueError("a key must look like 'hyi-' followed by 8-256 URL-safe characters")
+    elif not _CHOSEN_KEY_PATTERN.match(key):
+        raise ValueError(f"a key must look like 'hyi-' followed by {CHOSEN_KEY_MIN_CHARS}-256 URL-safe characters "
+                         "(A-Z, a-z, 0-9, '_', '-'): it is stored as an unsalted SHA-256, which a shorter key "
+                         "would not protect")
     at = int(clock.now(settings.clock_offset_file))
     set_fields: dict[str, Any] = {}
     if tier is not None:
