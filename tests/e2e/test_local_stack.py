@@ -68,7 +68,7 @@ def test_state_file_describes_the_running_stack(stack):
     assert env["AWS_ACCESS_KEY_ID"] == "test"
     assert env["BATCH_TABLE_NAME"].endswith("BatchTable") and env["ACCOUNTS_TABLE_NAME"].endswith("AccountsTable")
     # A model's queue URL is the prefix + the model id with "." made "-" (no per-model list).
-    assert env["MODEL_QUEUE_URL_PREFIX"] == "https://sqs.us-east-1.amazonaws.com/123456789012/freeinference-batch-local-model-"
+    assert env["MODEL_QUEUE_URL_PREFIX"] == "https://sqs.us-east-1.amazonaws.com/123456789012/freeinference-batch-local-model_"
     # Settings given to the process pass straight through; an upstream is configured.
     assert env["BATCH_SCHEDULE_SECONDS"] == "1"
     assert env["UPSTREAM_BASE_URL"].startswith("http://127.0.0.1:")
