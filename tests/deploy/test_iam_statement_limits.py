@@ -40,8 +40,9 @@ def test_no_statement_lists_every_models_queue() -> None:
 
 
 def test_writes_to_the_accounts_table_and_bucket_listings_are_limited_to_their_partitions_and_prefixes():
-    # The accounts table holds the API keys (KEY#): no function may write one (only the admin
-    # CLI does), so each write statement names the partitions its function writes; and a listing
+    # The accounts table holds the API keys (KEY#) and the accounts' settings (SETTINGS#: tier,
+    # status, quota, concurrency): no function may write one (only the admin CLI does), so each
+    # write statement names the partitions its function writes; and a listing
     # of the payload bucket is limited to the batches' prefixes.
     template = load_template(TEMPLATE)
     for function in resources_of_type(template, "AWS::Serverless::Function"):
@@ -50,7 +51,8 @@ def test_writes_to_the_accounts_table_and_bucket_listings_are_limited_to_their_p
                                 "dynamodb:BatchWriteItem"}
             if writes and "AccountsTable" in resources:
                 keys = conditions.get("dynamodb:LeadingKeys")
-                assert keys and not any(fnmatch.fnmatchcase("KEY#x", k) for k in keys), (function, sorted(writes))
+                assert keys and not any(fnmatch.fnmatchcase(admins, k) for k in keys
+                                        for admins in ("KEY#x", "SETTINGS#x")), (function, sorted(writes))
             if "s3:ListBucket" in actions:
                 assert conditions.get("s3:prefix"), function
 

@@ -390,3 +390,24 @@ def test_a_chosen_key_too_short_to_resist_brute_force_of_its_hash_is_refused(set
     assert accounts.create_key(settings, "acct-1", key=short + "yyy") == short + "yyy"
     # And a generated key is longer than the minimum
     assert len(accounts.generate_key()) - len(accounts.KEY_PREFIX) > accounts.CHOSEN_KEY_MIN_CHARS
+
+
+def test_what_the_functions_may_write_under_account_changes_no_setting(settings):
+    # Given a suspended standard account with a small quota (its settings: admin only)
+    key = accounts.create_key(settings, "acct-1", tier="standard", daily_quota_usd=1, concurrency=2)
+    accounts.set_account(settings, "acct-1", status="suspended")
+    # When code with a function's role (writes under ACCOUNT# only) sets settings there
+    aws.dynamodb().update_item(
+        TableName=TABLE, Key={"pk": {"S": "ACCOUNT#acct-1"}, "sk": {"S": "ACCOUNT"}},
+        UpdateExpression="SET #s = :active, tier = :internal, daily_quota_nano = :big, concurrency_limit = :big",
+        ExpressionAttributeNames={"#s": "status"},
+        ExpressionAttributeValues={":active": {"S": "active"}, ":internal": {"S": "internal"},
+                                   ":big": {"N": str(10**15)}})
+    # Then the account is still suspended, and the worker's owner check sees the admin's settings
+    with pytest.raises(errors.Unauthorized, match="suspended"):
+        accounts.authenticate(settings, bearer(key))
+    accounts.set_account(settings, "acct-1", status="active")
+    principal = accounts.authenticate(settings, bearer(key))
+    assert (principal.tier, principal.daily_quota_nano, principal.concurrency_limit) == ("standard", NANO_PER_USD, 2)
+    owner = accounts.owner_check(settings, accounts.hash_key(key), "acct-1")
+    assert (owner.tier, owner.concurrency_limit) == ("standard", 2)

@@ -161,7 +161,7 @@ def create_key(
     }
     accounts_table.transact(
         [
-            accounts_table.upsert_account_element(
+            *accounts_table.upsert_account_elements(
                 settings, account_id, set_fields=set_fields, defaults=defaults, at=at
             ),
             accounts_table.put_key_element(
@@ -196,10 +196,12 @@ def set_account(
     daily_quota_usd: float | None = None,
     concurrency: int | None = None,
 ) -> dict[str, Any]:
-    """Change fields of an existing account; returns the account item as stored afterwards.
+    """Change fields of an existing account's settings; returns its settings as stored afterwards
+    (with its `unfinished` count).
 
-    Raises errors.NotFound if the account does not exist, ValueError for invalid values or when
-    nothing is to change.
+    Raises errors.NotFound if the account has no settings (it does not exist, or its settings are
+    still to be moved: `migrate_account_settings`), ValueError for invalid values or when nothing
+    is to change.
     """
     _validate_account_fields(status=status, tier=tier, concurrency=concurrency)
     fields: dict[str, Any] = {}
@@ -218,6 +220,20 @@ def set_account(
     if account is None:
         raise errors.NotFound(f"Account {account_id!r} does not exist", code="account_not_found")
     return account
+
+
+def migrate_account_settings(settings: Settings) -> tuple[int, int]:
+    """Copy each account's settings from its account item, where they were kept before they moved
+    to an item of their own, unless it has that item already: (copied, left as they were). Safe
+    to run again, or while the service runs."""
+    at = int(clock.now(settings.clock_offset_file))
+    copied = kept = 0
+    for account in accounts_table.account_items(settings):
+        if accounts_table.copy_settings(settings, account, at=at):
+            copied += 1
+        else:
+            kept += 1
+    return copied, kept
 
 
 def set_model_load(settings: Settings, model: str, inflight: int) -> None:
