@@ -45,7 +45,7 @@ class Harness:
         self.clock_file = clock_file
         self.api_handler = load_handler("api")
         self.worker_handler = load_handler("worker")
-        # Model id -> its queue's URL, named as the template names it (<stack>-model-<suffix>).
+        # Model id -> its queue's URL, named as the template names it (<stack>-model_<suffix>).
         self.queues = {model: self.settings.model_queue_url(model)
                        for model in load_catalog(self.settings.model_catalog_path).models}
         self.key = accounts.create_key(self.settings, "acct-1", tier="internal", concurrency=16)

@@ -22,7 +22,7 @@ from freeinference_batch_local.state import STATE_DIR
 SAM_ENV_FILE = "sam-env.json"
 DOCKER_HOST = "host.docker.internal"
 # The key events/api-*.json carry: the local stack creates it, so those events work against it.
-SAMPLE_EVENTS_KEY = "hyi-sample-key"
+SAMPLE_EVENTS_KEY = "hyi-sample-key-0123456789abcdef0123456789abcdef"
 SAMPLE_EVENTS_ACCOUNT = "sample"
 _LOOPBACK = re.compile(r"//(?:127\.0\.0\.1|localhost|0\.0\.0\.0)(?=[:/]|$)")
 

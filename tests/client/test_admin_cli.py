@@ -11,7 +11,7 @@ import pytest
 from botocore.stub import Stubber
 from click.testing import CliRunner
 from freeinference_batch import accounts
-from freeinference_batch.core import aws
+from freeinference_batch.core import aws, errors
 from freeinference_batch.core.catalog import NANO_PER_USD
 from freeinference_batch.core.settings import Settings
 from freeinference_batch_client.cli import main, preflight
@@ -64,7 +64,8 @@ def run(*args: str):
 
 
 def account(settings: Settings, account_id: str, table: str = ACCOUNTS_TABLE) -> dict:
-    key = {"pk": {"S": f"ACCOUNT#{account_id}"}, "sk": {"S": "ACCOUNT"}}
+    """The account's settings item (what the admin sets)."""
+    key = {"pk": {"S": f"SETTINGS#{account_id}"}, "sk": {"S": "SETTINGS"}}
     return aws.dynamodb().get_item(TableName=table, Key=key).get("Item", {})
 
 
@@ -181,6 +182,42 @@ def test_set_account_needs_a_change(settings):
 def test_set_account_rejects_unknown_status(settings):
     result = CliRunner().invoke(main, ["admin", "set-account", "acct-1", "--status", "frozen"])
     assert result.exit_code == 2
+
+
+# -- migrate-account-settings --
+
+
+def test_migrate_account_settings_copies_an_old_account_once_and_then_it_authenticates(settings):
+    # Given an account written before its settings moved (on its ACCOUNT item only), with a key
+    old = {"pk": {"S": "ACCOUNT#old"}, "sk": {"S": "ACCOUNT"}, "account_id": {"S": "old"},
+           "status": {"S": "active"}, "tier": {"S": "internal"}, "daily_quota_nano": {"N": str(3 * NANO_PER_USD)},
+           "concurrency_limit": {"N": "5"}, "unfinished": {"N": "1"}, "created_at": {"N": "1700000000"}}
+    aws.dynamodb().put_item(TableName=ACCOUNTS_TABLE, Item=old)
+    key = run("create-key", "--account", "new", "--tier", "internal").stdout.strip()
+    old_key = "hyi-" + "o" * 40
+    aws.dynamodb().put_item(TableName=ACCOUNTS_TABLE, Item={
+        "pk": {"S": f"KEY#{accounts.hash_key(old_key)}"}, "sk": {"S": "KEY"}, "account_id": {"S": "old"},
+        "status": {"S": "active"}, "created_at": {"N": "1700000000"}})
+    # Its key is refused until it moves (this version reads only the settings item)
+    with pytest.raises(errors.Unauthorized):
+        accounts.authenticate(settings, {"X-API-Key": old_key})
+
+    # When the migration runs, twice
+    first, second = run("migrate-account-settings"), run("migrate-account-settings")
+
+    # Then it copied the old account once (the new one has its settings already), and its key works
+    assert first.exit_code == 0, first.output
+    assert first.stdout.strip() == "1 accounts' settings copied; 1 already had theirs"
+    assert second.stdout.strip() == "0 accounts' settings copied; 2 already had theirs"
+    principal = accounts.authenticate(settings, {"X-API-Key": old_key})
+    assert (principal.tier, principal.daily_quota_nano, principal.concurrency_limit) == (
+        "internal", 3 * NANO_PER_USD, 5)
+    assert account(settings, "old")["created_at"] == {"N": "1700000000"}
+    assert accounts.authenticate(settings, {"X-API-Key": key}).account_id == "new"
+    # And a change made after it is not undone by running it again
+    run("set-account", "old", "--tier", "standard")
+    run("migrate-account-settings")
+    assert accounts.authenticate(settings, {"X-API-Key": old_key}).tier == "standard"
 
 
 # -- set-load --

@@ -33,7 +33,7 @@ _EVENT_BUS_ARN = "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:
 
 
 def _resources(value: Any, template: dict[str, Any]) -> list[str]:
-    """A statement's resource as `<LogicalId>[/rest]`; a queue ARN pattern (`<stack>-model-*`)
+    """A statement's resource as `<LogicalId>[/rest]`; a queue ARN pattern (`<stack>-model_*`)
     as every queue of the template whose name it matches."""
     if isinstance(value, dict) and "Fn::GetAtt" in value:
         resource, attribute = value["Fn::GetAtt"]

@@ -122,8 +122,8 @@ def test_a_local_stack_from_the_copy_runs_the_new_model(copy: Path, tmp_path: Pa
         # The new model's poller reads the queue its block made, named as the code finds it.
         assert f"{NEW_BLOCK}/WorkerFunction" in stack.pollers
         queue_url = stack.pollers[f"{NEW_BLOCK}/WorkerFunction"].queue_url
-        assert queue_url.rsplit("/", 1)[1] == f"{LOCAL_STACK_NAME}-model-{queue_suffix(NEW_MODEL)}"
-        assert stack.env["MODEL_QUEUE_URL_PREFIX"].endswith(f"/{LOCAL_STACK_NAME}-model-")
+        assert queue_url.rsplit("/", 1)[1] == f"{LOCAL_STACK_NAME}-model_{queue_suffix(NEW_MODEL)}"
+        assert stack.env["MODEL_QUEUE_URL_PREFIX"].endswith(f"/{LOCAL_STACK_NAME}-model_")
         # A batch with a request for each of the three models runs to completion.
         models = ["glm-5.3-flash", "qwen3.6-35b", NEW_MODEL]
         session = requests.Session()

@@ -110,6 +110,7 @@ NOT_BY_FUNCTIONS = {
     # the response, which the API is granted (and uses) to read responses.
     ("s3", "GeneratePresignedUrl"): "request_items.response_url: the client's GET of a result's body_url",
     ("cloudwatch", "GetMetricData"): "metric_data.sums: `admin status` (recent_counts), an operator's credentials",
+    ("dynamodb", "Scan"): "accounts_table.account_items: `admin migrate-account-settings`, an operator's credentials",
 }
 
 
@@ -179,6 +180,18 @@ def test_each_function_is_granted_what_it_calls_and_little_more(harness, recorde
         assert not unused, f"{function} is granted what it never calls: {unused}"
 
 
+def allows(template: dict[str, Any], function: str, action: str, resource: str, condition: str, value: str) -> bool:
+    """Whether some statement of the function's granting `action` on `resource` lets `value` of
+    `condition` through (a statement without that condition key lets everything through)."""
+    fits = [conditions for actions, patterns, conditions in statements(template, function)
+            if action in actions and any(fnmatch.fnmatchcase(resource, p) for p in patterns)]
+    return any(condition not in conditions or any(fnmatch.fnmatchcase(value, p) for p in conditions[condition])
+               for conditions in fits)
+
+
+ACCOUNTS_TABLE_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem")
+
+
 def test_each_statements_conditions_allow_the_keys_and_prefixes_its_function_touches(harness, recorder, monkeypatch):
     # Given the scenario's calls, each with the leading key (pk) of every item and the prefix of
     # every S3 listing it touched
@@ -186,9 +199,21 @@ def test_each_statements_conditions_allow_the_keys_and_prefixes_its_function_tou
     template = load_template(TEMPLATE)
     assert recorder.keyed
     for function, action, resource, condition, value in sorted(recorder.keyed):
-        # Then some statement granting the call also lets its condition through (a statement
-        # without that condition key lets everything through)
-        fits = [conditions for actions, patterns, conditions in statements(template, function)
-                if action in actions and any(fnmatch.fnmatchcase(resource, p) for p in patterns)]
-        assert any(condition not in conditions or any(fnmatch.fnmatchcase(value, p) for p in conditions[condition])
-                   for conditions in fits), f"{function}: {action} on {resource} with {condition} {value!r} is refused"
+        # Then some statement granting the call also lets its condition through
+        assert allows(template, function, action, resource, condition, value), (
+            f"{function}: {action} on {resource} with {condition} {value!r} is refused")
+
+    # And no function can change an account's tier, status, quota or concurrency: the API (each
+    # call's authentication) and the workers (the gates) read them from the account's settings
+    # item, SETTINGS#<id>, and no function's role may write there (only the admin CLI, with an
+    # operator's credentials, does).
+    settings_reads = {(function, action) for function, action, resource, _, value in recorder.keyed
+                      if resource == "AccountsTable" and value.startswith("SETTINGS#")}
+    workers = set(worker_queues(template))
+    assert ("ApiFunction", "dynamodb:BatchGetItem") in settings_reads
+    assert {f for f, a in settings_reads if a == "dynamodb:BatchGetItem"} & workers, settings_reads
+    assert not {a for _, a in settings_reads} & set(ACCOUNTS_TABLE_WRITES), settings_reads
+    for function in resources_of_type(template, "AWS::Serverless::Function"):
+        for action in ACCOUNTS_TABLE_WRITES:
+            assert not allows(template, function, action, "AccountsTable", "dynamodb:LeadingKeys", "SETTINGS#acct-1"), (
+                f"{function} may {action} an account's settings")

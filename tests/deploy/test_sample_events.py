@@ -18,7 +18,7 @@ from freeinference_batch_local.handlers import LambdaContext, load_handler, repo
 
 from tests.deploy.templates import API_ROUTES, EVENTS
 
-SAMPLE_KEY = "hyi-sample-key"
+SAMPLE_KEY = "hyi-sample-key-0123456789abcdef0123456789abcdef"
 SAMPLE_BATCH = "batch_0123456789abcdef0123456789abcdef"
 SAMPLE_ENDPOINT = "we_0123456789abcdef0123456789abcdef"
 

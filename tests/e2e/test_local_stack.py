@@ -68,7 +68,7 @@ def test_state_file_describes_the_running_stack(stack):
     assert env["AWS_ACCESS_KEY_ID"] == "test"
     assert env["BATCH_TABLE_NAME"].endswith("BatchTable") and env["ACCOUNTS_TABLE_NAME"].endswith("AccountsTable")
     # A model's queue URL is the prefix + the model id with "." made "-" (no per-model list).
-    assert env["MODEL_QUEUE_URL_PREFIX"] == "https://sqs.us-east-1.amazonaws.com/123456789012/freeinference-batch-local-model-"
+    assert env["MODEL_QUEUE_URL_PREFIX"] == "https://sqs.us-east-1.amazonaws.com/123456789012/freeinference-batch-local-model_"
     # Settings given to the process pass straight through; an upstream is configured.
     assert env["BATCH_SCHEDULE_SECONDS"] == "1"
     assert env["UPSTREAM_BASE_URL"].startswith("http://127.0.0.1:")
@@ -106,6 +106,6 @@ def test_ctrl_c_stops_cleanly_and_removes_the_state_file(start_stack, tmp_path):
 
 
 def test_fixed_dev_key_from_the_environment(start_stack, tmp_path):
-    own = start_stack(tmp_path, FREEINFERENCE_DEV_KEY="hyi-e2e-fixed-dev-key-0123456789")
-    assert own.key == "hyi-e2e-fixed-dev-key-0123456789"
+    own = start_stack(tmp_path, FREEINFERENCE_DEV_KEY="hyi-e2e-fixed-dev-key-0123456789abcdef0123456789")
+    assert own.key == "hyi-e2e-fixed-dev-key-0123456789abcdef0123456789"
     assert own.api().get("/batches").status_code == 200

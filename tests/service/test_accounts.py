@@ -124,20 +124,20 @@ def test_create_key_updates_only_given_fields_of_existing_account(settings):
 
 
 def test_create_key_with_given_key(settings):
-    key = accounts.create_key(settings, "acct-1", key="hyi-local-development-key")
-    assert key == "hyi-local-development-key"
+    key = accounts.create_key(settings, "acct-1", key="hyi-local-development-key-0123456789abcdef")
+    assert key == "hyi-local-development-key-0123456789abcdef"
     assert accounts.authenticate(settings, bearer(key)).account_id == "acct-1"
     with pytest.raises(ValueError):
         accounts.create_key(settings, "acct-1", key="not-a-hyi-key")
 
 
 def test_create_key_does_not_overwrite_an_existing_key(settings):
-    accounts.create_key(settings, "acct-1", key="hyi-local-development-key")
+    accounts.create_key(settings, "acct-1", key="hyi-local-development-key-0123456789abcdef")
     with pytest.raises(ClientError):
-        accounts.create_key(settings, "acct-2", key="hyi-local-development-key")
+        accounts.create_key(settings, "acct-2", key="hyi-local-development-key-0123456789abcdef")
     key_item = aws.dynamodb().get_item(
         TableName=TABLE,
-        Key={"pk": {"S": f"KEY#{accounts.hash_key('hyi-local-development-key')}"}, "sk": {"S": "KEY"}},
+        Key={"pk": {"S": f"KEY#{accounts.hash_key('hyi-local-development-key-0123456789abcdef')}"}, "sk": {"S": "KEY"}},
     )["Item"]
     assert key_item["account_id"] == {"S": "acct-1"}
 
@@ -377,3 +377,37 @@ def test_unfinished_increment_requires_the_account(settings):
             TransactItems=[accounts_table.unfinished_increment_element(settings, "nobody", 10)]
         )
     assert scan(settings) == []
+
+
+def test_a_chosen_key_too_short_to_resist_brute_force_of_its_hash_is_refused(settings):
+    # Keys are stored as unsalted SHA-256: a chosen key needs 32 characters after the prefix
+    short = "hyi-" + "a1B2" * 7 + "x"  # 29
+    with pytest.raises(ValueError, match="32-256 URL-safe characters"):
+        accounts.create_key(settings, "acct-1", key=short)
+    # Then nothing was written (no key, no account)
+    assert "Item" not in aws.dynamodb().get_item(
+        TableName=TABLE, Key={"pk": {"S": f"KEY#{accounts.hash_key(short)}"}, "sk": {"S": "KEY"}})
+    assert accounts.create_key(settings, "acct-1", key=short + "yyy") == short + "yyy"
+    # And a generated key is longer than the minimum
+    assert len(accounts.generate_key()) - len(accounts.KEY_PREFIX) > accounts.CHOSEN_KEY_MIN_CHARS
+
+
+def test_what_the_functions_may_write_under_account_changes_no_setting(settings):
+    # Given a suspended standard account with a small quota (its settings: admin only)
+    key = accounts.create_key(settings, "acct-1", tier="standard", daily_quota_usd=1, concurrency=2)
+    accounts.set_account(settings, "acct-1", status="suspended")
+    # When code with a function's role (writes under ACCOUNT# only) sets settings there
+    aws.dynamodb().update_item(
+        TableName=TABLE, Key={"pk": {"S": "ACCOUNT#acct-1"}, "sk": {"S": "ACCOUNT"}},
+        UpdateExpression="SET #s = :active, tier = :internal, daily_quota_nano = :big, concurrency_limit = :big",
+        ExpressionAttributeNames={"#s": "status"},
+        ExpressionAttributeValues={":active": {"S": "active"}, ":internal": {"S": "internal"},
+                                   ":big": {"N": str(10**15)}})
+    # Then the account is still suspended, and the worker's owner check sees the admin's settings
+    with pytest.raises(errors.Unauthorized, match="suspended"):
+        accounts.authenticate(settings, bearer(key))
+    accounts.set_account(settings, "acct-1", status="active")
+    principal = accounts.authenticate(settings, bearer(key))
+    assert (principal.tier, principal.daily_quota_nano, principal.concurrency_limit) == ("standard", NANO_PER_USD, 2)
+    owner = accounts.owner_check(settings, accounts.hash_key(key), "acct-1")
+    assert (owner.tier, owner.concurrency_limit) == ("standard", 2)

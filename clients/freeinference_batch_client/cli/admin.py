@@ -136,7 +136,7 @@ def _clear_errors(command: F) -> F:
 def _describe_account(account: dict) -> str:
     quota = int(account.get("daily_quota_nano", 0))
     return (
-        f"account {account.get('account_id') or account['pk'].removeprefix('ACCOUNT#')}: "
+        f"account {account['account_id']}: "
         f"status={account.get('status')} tier={account.get('tier')} "
         f"daily_quota_usd={quota / NANO_PER_USD:g} concurrency={account.get('concurrency_limit')} "
         f"unfinished={account.get('unfinished', 0)}"
@@ -239,6 +239,19 @@ def set_account_command(
         concurrency=concurrency,
     )
     click.echo(_describe_account(account))
+
+
+@admin.command("migrate-account-settings")
+@click.pass_context
+@_clear_errors
+def migrate_account_settings_command(ctx: click.Context) -> None:
+    """Move accounts' settings (status, tier, quota, concurrency) to the items only admins write.
+
+    Run right before deploying the version that reads them there (the running one reads the old
+    fields, which this leaves in place) and once more right after; it copies each account that
+    has no settings item yet, so running it again changes nothing."""
+    copied, kept = accounts.migrate_account_settings(_settings(ctx))
+    click.echo(f"{copied} accounts' settings copied; {kept} already had theirs")
 
 
 @admin.command("set-load")

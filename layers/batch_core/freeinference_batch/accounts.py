@@ -22,8 +22,13 @@ from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 
 KEY_PREFIX = "hyi-"
-# Generated keys are "hyi-" + 43 URL-safe characters; admins may supply their own of this alphabet.
+# Generated keys are "hyi-" + 43 URL-safe characters (256 random bits); admins may supply their own
+# of this alphabet. Keys are stored as unsalted SHA-256, so a short one would be found from its
+# hash by brute force: a chosen key needs at least CHOSEN_KEY_MIN_CHARS after the prefix (6 bits
+# each, 192 bits if chosen at random). Keys chosen before that rule still authenticate (the 8 below).
+CHOSEN_KEY_MIN_CHARS = 32
 _KEY_PATTERN = re.compile(r"^hyi-[A-Za-z0-9_\-]{8,256}$")
+_CHOSEN_KEY_PATTERN = re.compile(rf"^hyi-[A-Za-z0-9_\-]{{{CHOSEN_KEY_MIN_CHARS},256}}$")
 
 ACCOUNT_STATUSES = ("active", "suspended", "deleted")
 DEFAULT_TIER = "standard"
@@ -135,8 +140,10 @@ def create_key(
     _validate_account_fields(tier=tier, concurrency=concurrency)
     if key is None:
         key = generate_key()
-    elif not _KEY_PATTERN.match(key):
-        raise ValueError("a key must look like 'hyi-' followed by 8-256 URL-safe characters")
+    elif not _CHOSEN_KEY_PATTERN.match(key):
+        raise ValueError(f"a key must look like 'hyi-' followed by {CHOSEN_KEY_MIN_CHARS}-256 URL-safe characters "
+                         "(A-Z, a-z, 0-9, '_', '-'): it is stored as an unsalted SHA-256, which a shorter key "
+                         "would not protect")
     at = int(clock.now(settings.clock_offset_file))
     set_fields: dict[str, Any] = {}
     if tier is not None:
@@ -154,7 +161,7 @@ def create_key(
     }
     accounts_table.transact(
         [
-            accounts_table.upsert_account_element(
+            *accounts_table.upsert_account_elements(
                 settings, account_id, set_fields=set_fields, defaults=defaults, at=at
             ),
             accounts_table.put_key_element(
@@ -189,10 +196,12 @@ def set_account(
     daily_quota_usd: float | None = None,
     concurrency: int | None = None,
 ) -> dict[str, Any]:
-    """Change fields of an existing account; returns the account item as stored afterwards.
+    """Change fields of an existing account's settings; returns its settings as stored afterwards
+    (with its `unfinished` count).
 
-    Raises errors.NotFound if the account does not exist, ValueError for invalid values or when
-    nothing is to change.
+    Raises errors.NotFound if the account has no settings (it does not exist, or its settings are
+    still to be moved: `migrate_account_settings`), ValueError for invalid values or when nothing
+    is to change.
     """
     _validate_account_fields(status=status, tier=tier, concurrency=concurrency)
     fields: dict[str, Any] = {}
@@ -211,6 +220,20 @@ def set_account(
     if account is None:
         raise errors.NotFound(f"Account {account_id!r} does not exist", code="account_not_found")
     return account
+
+
+def migrate_account_settings(settings: Settings) -> tuple[int, int]:
+    """Copy each account's settings from its account item, where they were kept before they moved
+    to an item of their own, unless it has that item already: (copied, left as they were). Safe
+    to run again, or while the service runs."""
+    at = int(clock.now(settings.clock_offset_file))
+    copied = kept = 0
+    for account in accounts_table.account_items(settings):
+        if accounts_table.copy_settings(settings, account, at=at):
+            copied += 1
+        else:
+            kept += 1
+    return copied, kept
 
 
 def set_model_load(settings: Settings, model: str, inflight: int) -> None:

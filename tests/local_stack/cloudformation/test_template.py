@@ -127,10 +127,10 @@ def test_loader_reads_a_nested_applications_outputs_in_the_parents_terms(tmp_pat
 
 def test_a_nested_template_may_not_use_its_own_stack_name(tmp_path: Path) -> None:
     # On AWS a nested stack's AWS::StackName is its own (<parent>-<Block>-<random>), not the
-    # parent's: queue names built on it would miss the <stack>-model-* pattern.
+    # parent's: queue names built on it would miss the <stack>-model_* pattern.
     (tmp_path / "child.yaml").write_text(
         "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n    Properties:\n"
-        "      QueueName: !Sub '${AWS::StackName}-model-x'\n")
+        "      QueueName: !Sub '${AWS::StackName}-model_x'\n")
     (tmp_path / "t.yaml").write_text(
         "Resources:\n  App:\n    Type: AWS::Serverless::Application\n    Properties:\n"
         "      Location: child.yaml\n")

@@ -9,7 +9,7 @@ import time
 
 from botocore.exceptions import ClientError
 from freeinference_batch.core import aws
-from freeinference_batch.store.leases import model_slots_key
+from freeinference_batch.store.leases import Leases, Waiter, model_slots_key
 from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock, SlotBlocks
 
 from tests.service.worker.helpers import MODEL
@@ -99,3 +99,21 @@ def test_a_give_back_applied_whose_answer_failed_is_read_before_the_next_write(h
     assert leases.read(key)["held"] == 1 and leases.holders(key)["mine.b"]["n"] == 1 and block.holds(key) == 1
     assert leases.take(key, block, 8, time.time())
     assert leases.read(key)["held"] == 2 and block.holds(key) == 2
+
+
+def test_taking_a_waiter_again_whose_first_answer_was_lost_finds_its_own_take(harness, monkeypatch):
+    # Given a chain waiting on the model's slots
+    leases = Leases(harness.settings)
+    key = model_slots_key(MODEL)
+    now = time.time()
+    leases.ensure_item(key, leases.read(key))
+    waiter = Waiter(id="batch_x#0", batch_id="batch_x", model=MODEL, remaining=1, handle="handle-1",
+                    until=now + 60, since=now)
+    assert leases.add_waiter(key, leases.read(key), waiter, now) is not None
+    # When a worker takes it to wake it, and the take's answer is lost (botocore sends it again)
+    resend_after_applying(monkeypatch)
+    # Then the take reads as its own (so the worker makes the waiter's message visible), once
+    assert leases.take_waiter(key, waiter)
+    assert "batch_x#0" not in leases.read(key).get("waiters", {})
+    # And another worker's take of it, later, is refused
+    assert not leases.take_waiter(key, waiter)

@@ -101,7 +101,7 @@ def test_the_chains_of_one_invocation_share_one_block_and_one_read_of_their_owne
     for chain in (2, 3):
         Worker(harness.settings, invocation=second).gates.read(message_for(harness, batch["id"], chain), now(harness),
                                                                 reuse_owner=True)
-    owner = {f"ACCOUNT#{ACCOUNT}/ACCOUNT", f"MODEL#{MODEL}/BACKOFF"}
+    owner = {f"SETTINGS#{ACCOUNT}/SETTINGS", f"MODEL#{MODEL}/BACKOFF"}
     assert owner <= read[0] and not owner & read[1], read
 
 

@@ -125,7 +125,7 @@ MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 def queue_suffix(model: str) -> str:
-    """The end of `model`'s queue names (<stack>-model-<suffix>, <stack>-dlq-<suffix>): the id
+    """The end of `model`'s queue names (<stack>-model_<suffix>, <stack>-dlq_<suffix>): the id
     with every "." made "-", as model/template.yaml does with !Join/!Split."""
     return model.replace(".", "-")
 

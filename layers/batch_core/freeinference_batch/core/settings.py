@@ -105,7 +105,7 @@ class Settings(BaseSettings):
     accounts_table_name: str = Field("freeinference-accounts", alias="ACCOUNTS_TABLE_NAME")
     payload_bucket_name: str = Field("freeinference-batch-payloads", alias="PAYLOAD_BUCKET_NAME")
     # A model's queue URL is this + the model id with "." made "-" (`catalog.queue_suffix`): the
-    # template names every model's queue <stack>-model-<suffix>, so no per-model list is kept.
+    # template names every model's queue <stack>-model_<suffix>, so no per-model list is kept.
     model_queue_url_prefix: str = Field("", alias="MODEL_QUEUE_URL_PREFIX")
     # Optional path to a JSON model catalog replacing the packaged one.
     model_catalog_path: str = Field("", alias="MODEL_CATALOG_PATH")

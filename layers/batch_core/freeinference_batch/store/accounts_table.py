@@ -4,9 +4,14 @@ Items (`pk` / `sk`, both strings):
 
 - API key `KEY#<sha256 hex>` / `KEY`: account_id, status (active | revoked), created_at,
   expires_at (optional), revoked_at
-- account `ACCOUNT#<id>` / `ACCOUNT`: account_id, status (active | suspended | deleted), tier,
-  daily_quota_nano, concurrency_limit, unfinished (absent until the first batch), created_at,
-  updated_at
+- account settings `SETTINGS#<id>` / `SETTINGS`: account_id, status (active | suspended |
+  deleted), tier, daily_quota_nano, concurrency_limit, created_at, updated_at. Under a partition
+  of their own so that only the admin path (the admin CLI, with an operator's credentials) may
+  write them: the functions' roles may write under `ACCOUNT#` (`dynamodb:LeadingKeys`) and only
+  read here, so no function can change a tier, status, quota or concurrency.
+- account `ACCOUNT#<id>` / `ACCOUNT`: account_id, unfinished (absent until the first batch),
+  created_at (the functions' counter; settings written here before they moved are left over,
+  unread: `admin migrate-account-settings` copies them to the settings item)
 - daily usage `ACCOUNT#<id>` / `USAGE#YYYY-MM-DD`: cost_nano, ttl
 - model load `MODEL#<model>` / `LOAD`: inflight, updated_at
 - model backoff `MODEL#<model>` / `BACKOFF`: cap, changed_at (absent, or without them, while the
@@ -20,6 +25,7 @@ here drop straight into another module's TransactWriteItems.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -34,6 +40,9 @@ from freeinference_batch.store.dynamo import to_attr as _attr
 
 KEY_SK = "KEY"
 ACCOUNT_SK = "ACCOUNT"
+SETTINGS_SK = "SETTINGS"
+# What the admin sets on an account: the settings item's fields (before the move, the account item's).
+SETTINGS_FIELDS = ("account_id", "status", "tier", "daily_quota_nano", "concurrency_limit")
 LOAD_SK = "LOAD"
 BACKOFF_SK = "BACKOFF"
 # The daily usage item outlives its day by this much (DynamoDB TTL removes it afterwards).
@@ -50,6 +59,10 @@ def key_item_key(key_hash: str) -> dict[str, dict]:
 
 def account_item_key(account_id: str) -> dict[str, dict]:
     return _key(f"ACCOUNT#{account_id}", ACCOUNT_SK)
+
+
+def settings_item_key(account_id: str) -> dict[str, dict]:
+    return _key(f"SETTINGS#{account_id}", SETTINGS_SK)
 
 
 def usage_item_key(account_id: str, day: str) -> dict[str, dict]:
@@ -149,18 +162,26 @@ def revoke_key(settings: Settings, key_hash: str, *, at: int) -> bool:
     return True
 
 
-# -- accounts --
+# -- accounts (settings: admin only) --
 
 
 def get_account(settings: Settings, account_id: str) -> dict[str, Any] | None:
-    return _get(settings, account_item_key(account_id))
+    """The account's settings with its `unfinished` count (the admin's view); None if it has no
+    settings item."""
+    found = _batch_get(settings, [settings_item_key(account_id), account_item_key(account_id)])
+    account_settings = found.get(_pk_sk(settings_item_key(account_id)))
+    if account_settings is None:
+        return None
+    counter = found.get(_pk_sk(account_item_key(account_id))) or {}
+    return {**account_settings, "unfinished": int(counter.get("unfinished", 0))}
 
 
-def upsert_account_element(
+def upsert_account_elements(
     settings: Settings, account_id: str, *, set_fields: dict[str, Any], defaults: dict[str, Any], at: int
-) -> dict:
-    """A transact `Update` creating the account if missing: `set_fields` are written, `defaults`
-    only fill attributes the account does not have yet."""
+) -> list[dict]:
+    """Transact `Update`s creating the account if missing: its settings item (`set_fields` are
+    written, `defaults` only fill attributes it does not have yet) and its account item (the
+    counter's, which a batch's create requires)."""
     names: dict[str, str] = {}
     values: dict[str, Any] = {":at": at}
     clauses = ["created_at = if_not_exists(created_at, :at)", "updated_at = :at"]
@@ -175,32 +196,67 @@ def upsert_account_element(
         values[f":d{index}"] = value
         clauses.append(f"#d{index} = if_not_exists(#d{index}, :d{index})")
     expression = "SET " + ", ".join(clauses)
-    return {
-        "Update": _update_element(settings, account_item_key(account_id), expression, values, names=names)
-    }
+    account = _update_element(settings, account_item_key(account_id),
+                              "SET account_id = :id, created_at = if_not_exists(created_at, :at)",
+                              {":id": account_id, ":at": at})
+    return [{"Update": _update_element(settings, settings_item_key(account_id), expression, values, names=names)},
+            {"Update": account}]
 
 
 def update_account(settings: Settings, account_id: str, fields: dict[str, Any], *, at: int) -> dict | None:
-    """Set `fields` on an existing account; the updated account, or None if it does not exist."""
+    """Set `fields` on an existing account's settings; the account as `get_account` reads it
+    afterwards, or None if it has no settings item."""
     names = {f"#f{i}": field for i, field in enumerate(fields)}
     values = {f":f{i}": _attr(value) for i, value in enumerate(fields.values())}
     values[":at"] = _attr(at)
     clauses = [f"#f{i} = :f{i}" for i in range(len(fields))] + ["updated_at = :at"]
     try:
-        answer = aws.dynamodb().update_item(
+        aws.dynamodb().update_item(
             TableName=settings.accounts_table_name,
-            Key=account_item_key(account_id),
+            Key=settings_item_key(account_id),
             UpdateExpression="SET " + ", ".join(clauses),
             ConditionExpression="attribute_exists(pk)",
             ExpressionAttributeNames=names,
             ExpressionAttributeValues=values,
-            ReturnValues="ALL_NEW",
         )
     except ClientError as error:
         if _is_conditional_failure(error):
             return None
         raise
-    return _from_item(answer.get("Attributes"))
+    return get_account(settings, account_id)
+
+
+def account_items(settings: Settings) -> Iterator[dict[str, Any]]:
+    """Every account item (`ACCOUNT#<id>` / `ACCOUNT`): a Scan, for the admin's migration only
+    (no function may scan)."""
+    paginator = aws.dynamodb().get_paginator("scan")
+    for page in paginator.paginate(
+        TableName=settings.accounts_table_name, ConsistentRead=True,
+        FilterExpression="sk = :sk AND begins_with(pk, :prefix)",
+        ExpressionAttributeValues={":sk": _attr(ACCOUNT_SK), ":prefix": _attr("ACCOUNT#")},
+    ):
+        for item in page.get("Items", []):
+            found = _from_item(item)
+            if found is not None:
+                yield found
+
+
+def copy_settings(settings: Settings, account: dict[str, Any], *, at: int) -> bool:
+    """Copy the settings an account item holds from before the move to the account's settings
+    item, unless it has one (then nothing changes: the settings item is the admin's since). True
+    if copied. Idempotent: a re-run, or one racing another, copies each account once."""
+    account_id = account.get("account_id") or account["pk"].removeprefix("ACCOUNT#")
+    item = {**settings_item_key(account_id), "account_id": _attr(account_id),
+            "created_at": _attr(int(account.get("created_at", at))), "updated_at": _attr(at)}
+    item.update({field: _attr(account[field]) for field in SETTINGS_FIELDS[1:] if field in account})
+    try:
+        aws.dynamodb().put_item(TableName=settings.accounts_table_name, Item=item,
+                                ConditionExpression="attribute_not_exists(pk)")
+    except ClientError as error:
+        if _is_conditional_failure(error):
+            return False
+        raise
+    return True
 
 
 def transact(elements: list[dict]) -> None:
@@ -211,8 +267,8 @@ def transact(elements: list[dict]) -> None:
 
 
 def get_account_and_usage(settings: Settings, account_id: str, day: str) -> tuple[dict | None, int]:
-    """(account item or None, cost_nano used on `day`) in one BatchGetItem."""
-    account_key, usage_key = account_item_key(account_id), usage_item_key(account_id, day)
+    """(account settings item or None, cost_nano used on `day`) in one BatchGetItem."""
+    account_key, usage_key = settings_item_key(account_id), usage_item_key(account_id, day)
     found = _batch_get(settings, [account_key, usage_key])
     usage = found.get(_pk_sk(usage_key)) or {}
     return found.get(_pk_sk(account_key)), int(usage.get("cost_nano", 0))
@@ -221,8 +277,8 @@ def get_account_and_usage(settings: Settings, account_id: str, day: str) -> tupl
 def get_key_account_and_usage(
     settings: Settings, key_hash: str, account_id: str, day: str
 ) -> tuple[dict | None, dict | None, int]:
-    """(key item, account item, cost_nano used on `day`) in one BatchGetItem."""
-    keys = [key_item_key(key_hash), account_item_key(account_id), usage_item_key(account_id, day)]
+    """(key item, account settings item, cost_nano used on `day`) in one BatchGetItem."""
+    keys = [key_item_key(key_hash), settings_item_key(account_id), usage_item_key(account_id, day)]
     found = _batch_get(settings, keys)
     usage = found.get(_pk_sk(keys[2])) or {}
     return found.get(_pk_sk(keys[0])), found.get(_pk_sk(keys[1])), int(usage.get("cost_nano", 0))

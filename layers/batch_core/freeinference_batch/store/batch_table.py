@@ -26,7 +26,10 @@ META is read as a `BatchRecord` (batch_record.py): every read of it answers one.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from freeinference_batch.core import aws
 from freeinference_batch.core.settings import Settings
@@ -43,7 +46,17 @@ from freeinference_batch.store.batch_keys import (
     record_of,
 )
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.dynamo import batch_get, batch_write, from_item, key, query_all, to_attr, values
+from freeinference_batch.store.dynamo import (
+    batch_get,
+    batch_write,
+    from_item,
+    is_conditional_failure,
+    key,
+    query_all,
+    refused_item,
+    to_attr,
+    values,
+)
 from freeinference_batch.store.lanes import Lanes
 from freeinference_batch.store.request_items import RequestItems
 
@@ -58,15 +71,33 @@ class BatchTable(InputChunks, Lanes, RequestItems):
 
     def reserve_result_ids(self, count: int) -> int:
         """One atomic counter update reserves `count` consecutive result numbers; returns the
-        first. Result ids are unique across batches and `after` maps straight to a position."""
-        answer = aws.dynamodb().update_item(
-            TableName=self.name,
-            Key=COUNTER_KEY,
-            UpdateExpression="ADD next_id :n",
-            ExpressionAttributeValues=values(n=count),
-            ReturnValues="UPDATED_NEW",
-        )
-        last = int(answer["Attributes"]["next_id"]["N"])
+        first. Result ids are unique across batches and `after` maps straight to a position.
+
+        The update leaves a token of its own in `reserved_by` (the last reservation's), on the
+        condition that the token there is not this call's: re-sent by botocore after its answer
+        was lost, it is refused and finds its own block in the item the refusal answers, instead
+        of reserving a second one. (Another create's reservation in between replaces the token:
+        then the re-send reserves anew, leaving a gap in the numbers, never a duplicate.)"""
+        token = secrets.token_hex(8)
+        try:
+            answer = aws.dynamodb().update_item(
+                TableName=self.name,
+                Key=COUNTER_KEY,
+                UpdateExpression="ADD next_id :n SET reserved_by = :token",
+                ConditionExpression="attribute_not_exists(reserved_by) OR reserved_by <> :token",
+                ExpressionAttributeValues=values(n=count, token=token),
+                ReturnValues="UPDATED_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+            last = int(answer["Attributes"]["next_id"]["N"])
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
+            found = refused_item(error) if "Item" in error.response else from_item(aws.dynamodb().get_item(
+                TableName=self.name, Key=COUNTER_KEY, ConsistentRead=True).get("Item"))
+            if (found or {}).get("reserved_by") != token:
+                raise  # not this call's refusal: cannot happen (only a re-send carries its token)
+            last = int(found["next_id"])  # type: ignore[index]
         return 1000 + last - count  # start at batch_req_1000: ids look like the spec's
 
     def put_items(self, items: list[dict]) -> None:

@@ -77,6 +77,12 @@ def is_conditional_failure(error: ClientError) -> bool:
     return error_code(error) == "ConditionalCheckFailedException"
 
 
+def refused_item(error: ClientError) -> dict | None:
+    """The item as a conditional write that asked for it (ReturnValuesOnConditionCheckFailure
+    ALL_OLD) found it when refused; None if the answer carries none."""
+    return from_item(error.response.get("Item"))
+
+
 def cancellation_codes(error: ClientError) -> list[str]:
     """For a cancelled transaction, the reason code of each element ('None' where it passed)."""
     reasons = error.response.get("CancellationReasons") or []

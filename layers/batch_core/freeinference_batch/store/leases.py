@@ -29,13 +29,14 @@ writes twice, and transactions on these items would conflict with each other).
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
 from freeinference_batch.core import aws
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.store.dynamo import batch_get, from_item, is_conditional_failure, key, values
+from freeinference_batch.store.dynamo import batch_get, from_item, is_conditional_failure, key, refused_item, values
 
 # The slots items' sort key (`SLOTS` held the form before blocks: one entry per slot, no count).
 SLOTS_SORT_KEY = "HELD_SLOTS"
@@ -280,9 +281,26 @@ class Leases:
         return from_item(answer["Attributes"])
 
     def take_waiter(self, slots_key: dict, waiter: Waiter) -> bool:
-        """Remove a waiter to wake it; False if another worker took it first (or it re-registered)."""
-        return self._update_if(slots_key, "REMOVE waiters.#waiter", "waiters.#waiter.h = :handle",
-                               {"#waiter": waiter.id}, handle=waiter.handle)
+        """Remove a waiter to wake it; False if another worker took it first (or it re-registered).
+
+        The take leaves a token of its own in `woken` (the item's last take), so that this very
+        write, re-sent by botocore after its answer was lost, finds its own earlier success in
+        the item its refusal answers, rather than reading as another worker's take and leaving the
+        waiter to the end of its park. (Another take on the item between the lost answer and the
+        re-send replaces the token: then the waiter waits out its park, as a lost wake does.)"""
+        token = secrets.token_hex(8)
+        try:
+            aws.dynamodb().update_item(
+                TableName=self.table, Key=slots_key, UpdateExpression="REMOVE waiters.#waiter SET woken = :token",
+                ConditionExpression="waiters.#waiter.h = :handle", ExpressionAttributeNames={"#waiter": waiter.id},
+                ExpressionAttributeValues=values(handle=waiter.handle, token=token),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD")
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
+            found = refused_item(error) if "Item" in error.response else self.read(slots_key)
+            return (found or {}).get("woken") == token
+        return True
 
     def holders(self, slots_key: dict) -> dict[str, object]:
         """The item's entries: holder -> expiry (one slot) or block `{n, u, a}`."""

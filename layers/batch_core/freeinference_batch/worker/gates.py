@@ -1,5 +1,5 @@
 """The gates a request passes before every run, read in one BatchGetItem: the batch, the owner's
-key, account and day's usage, the model's interactive load, its backoff and both slots items."""
+key, account settings and day's usage, the model's interactive load, its backoff and both slots items."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class Gatekeeper:
         batch item stays a consistent read (a cancel stops the chain at once), and a first claim,
         which takes slots, reads everything consistently."""
         account_id, key_hash = message.account_id, message.key_hash
-        owner_keys = [accounts_table.key_item_key(key_hash), accounts_table.account_item_key(account_id),
+        owner_keys = [accounts_table.key_item_key(key_hash), accounts_table.settings_item_key(account_id),
                       accounts_table.usage_item_key(account_id, clock.utc_day(now)),
                       accounts_table.backoff_item_key(message.model)]
         fresh_keys = [model_slots_key(message.model), account_slots_key(account_id),
