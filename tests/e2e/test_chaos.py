@@ -4,9 +4,7 @@ ends once with exact counts and cost.
 At the same time:
 - AWS faults (`LOCAL_AWS_FAULTS`, see README "AWS's bad days, on demand"): DynamoDB throttles,
   500s, lost answers (applied, then re-sent by botocore), transaction conflicts and reads up to 1 s
-  stale; SQS duplicate deliveries, lost answers, batch entries Failed and deletes by an old receipt
-  handle that delete nothing; S3 lost answers and 500s; EventBridge throttles, 500s, lost answers
-  and refused entries; Secrets Manager throttles and 500s;
+  stale; SQS duplicate deliveries and lost answers; S3 lost answers and 500s;
 - 30% of the requests fail their first attempt upstream with 503 (`[sim:fail=503*1]`);
 - BATCH_FAULT_CRASH_RATE: at each of the worker's crash points a few runs die as a killed Lambda
   would (no cleanup, the message not deleted); short leases let the sweep take them back.
@@ -42,13 +40,8 @@ from stored_state import StoredState
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODELS = tuple(load_catalog().models)  # the two packaged models
-# EventBridge and Secrets Manager see a few dozen calls a run (a PutEvents per status change, a
-# secret read per worker environment): their rates are high enough that each fault happens.
-# CloudWatch's are left off: the functions never call it (their metrics go out in their logs).
 AWS_FAULTS = ("dynamodb.throttle=0.03,dynamodb.error=0.02,dynamodb.lost_answer=0.03,dynamodb.conflict=0.03,"
-              "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03,sqs.failed_entry=0.03,"
-              "sqs.stale_receipt=1,s3.lost_answer=0.2,s3.error=0.1,events.throttle=0.2,events.error=0.2,"
-              "events.lost_answer=0.2,events.failed_entry=0.3,secretsmanager.throttle=0.3,secretsmanager.error=0.2")
+              "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03,s3.lost_answer=0.2,s3.error=0.1")
 # Requests whose body is too big for an item even compressed: their input goes to S3, where the
 # S3 faults (higher rates: S3 sees a few calls a batch, DynamoDB thousands) meet them.
 LARGE_REQUESTS = 10
