@@ -246,7 +246,8 @@ def test_a_worker_that_cannot_read_the_credential_claims_nothing_and_its_message
     # Then the invocation fails (the Errors alarm shows it), the request was not claimed (no
     # attempt spent, no lease for the sweep to wait out), and its message comes back in seconds
     state = state_of(harness, batch["id"], 0)
-    assert state is None or (state["status"] == "queued" and not int(state.get("attempts", 0))), state  # no item: never run
+    # (no request item at all: never run)
+    assert state is None or (state["status"] == "queued" and not int(state.get("attempts", 0))), state
     assert parked == [CREDENTIAL_WAIT_SECONDS]
     # And once the secret reads again, the request runs
     harness.configure(UPSTREAM_API_KEY_SECRET=arn)
