@@ -21,15 +21,16 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from freeinference_batch.core import clock
 from freeinference_batch.core.observability import logger, metrics, tracer
 from freeinference_batch.core.settings import get_settings
-from freeinference_batch.worker import Done, InvocationState, Worker, upstream
+from freeinference_batch.worker import CredentialUnavailable, Done, InvocationState, Worker, park_unrun, upstream
 from freeinference_batch.worker.memory import RECORD_THREADS
 from freeinference_batch.worker.outcomes import publish_model_counts
 from freeinference_batch.worker.slot_blocks import BlockLeases
 
-# Cold start: an upstream URL that cannot work (Settings refuses it) or a credential this function
-# cannot read stops the function here, where its Errors alarm shows it, instead of failing or
-# retrying every request one by one. (The credential is cached: this is also the first fetch.)
-upstream.api_key(get_settings())
+# Cold start: an upstream URL that cannot work (Settings refuses it) stops the function here, where
+# its Errors alarm shows it. The credential is read by each invocation instead (cached: one read
+# per max age): a failed init would leave the event's messages hidden for the queue's visibility
+# timeout, a failed invocation parks them for seconds first (the Errors alarm shows it the same).
+get_settings()
 
 
 class MessageParked(Exception):
@@ -51,6 +52,11 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
     # runtime's start took a few milliseconds: the most a call may run is sized from the timeout.
     invocation_seconds = float(math.ceil(left))
     settings = get_settings()
+    try:  # before any claim: a request claimed without a credential would wait for its lease
+        upstream.api_key(settings)
+    except Exception as error:
+        park_unrun(settings, event.get("Records", []))
+        raise CredentialUnavailable("could not read the upstream credential; the messages come back shortly") from error
     # What its records' chains share: the holds on slots (a block per batch, which lasts no
     # longer than the invocation) and the owners' items they reuse.
     invocation = InvocationState.new(settings, ends_at=clock.now(settings.clock_offset_file) + left)

@@ -10,8 +10,12 @@ So each function here has an `EnvironmentPool` of `ExecutionEnvironment`s, each 
 - an environment imports the handler once (cold start) and then serves invocations one at a time;
 - the pool reuses an idle environment (the one used last: Lambda favours warm ones) and starts a
   new one only when all are busy, never more than the function's concurrency
-  (`FunctionSpec.concurrency`); beyond it an invocation waits for an environment to be free
-  (the callers here never exceed it but for the API, where AWS would scale further);
+  (`FunctionSpec.concurrency`); beyond a function's reserved concurrency
+  (`ReservedConcurrentExecutions`) an invocation is throttled as Lambda throttles it
+  (`FunctionError` of type `TooManyRequestsException`, "Rate Exceeded.", the handler never
+  runs; the API emulation answers it as API Gateway does, a queue poller backs off); a function
+  without one waits for an environment to be free (AWS would start more; locally each is a
+  process);
 - the function's `Timeout` is enforced as Lambda does: the invocation fails with "Task timed
   out after N seconds" and that environment is killed and discarded; so is an environment whose
   process dies mid-invocation (`Runtime.ExitError`); the next invocation starts a new one;
@@ -29,9 +33,9 @@ So each function here has an `EnvironmentPool` of `ExecutionEnvironment`s, each 
   sends each function's output to its own log group.
 
 Where it differs from Lambda: no init-phase limit of 10 s (a cold start on a loaded machine may
-take longer; `START_TIMEOUT_SECONDS`); idle environments are kept until the stack stops; no
-throttling (an invocation beyond the cap waits); memory is not limited to `MemorySize` (only
-reported in the context).
+take longer; `START_TIMEOUT_SECONDS`); idle environments are kept until the stack stops; a
+function without reserved concurrency waits beyond `LOCAL_UNRESERVED_CONCURRENCY` instead of
+scaling; memory is not limited to `MemorySize` (only reported in the context).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -61,6 +65,17 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_SECONDS = 60.0
 # How long `close()` lets environments exit on their own before killing them.
 STOP_GRACE_SECONDS = 2.0
+
+
+# Lambda's answer to an invocation beyond the function's reserved concurrency (Invoke: HTTP 429,
+# `Reason: ReservedFunctionConcurrentInvocationLimitExceeded`).
+THROTTLED = "TooManyRequestsException"
+THROTTLED_MESSAGE = "Rate Exceeded."
+
+
+def is_throttle(error: BaseException) -> bool:
+    """The invocation was throttled: the handler never ran, the event may be sent again."""
+    return getattr(error, "error_type", None) == THROTTLED
 
 
 # `on_output(logical_id, stream, line)`: one line (without its newline) a child wrote to
@@ -100,10 +115,12 @@ class ExecutionEnvironment:
         function: FunctionSpec,
         on_notice: Callable[[str], None] | None = None,
         on_output: OutputCallback | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.function = function
         self.on_notice = on_notice
         self.on_output = on_output
+        self.env = env
         self.process: subprocess.Popen[bytes] | None = None
         self.init_seconds: float | None = None
         self.invocations = 0
@@ -123,9 +140,11 @@ class ExecutionEnvironment:
         `FunctionError` (the handler did not import, or the process did not come up)."""
         parent_end, child_end = socket.socketpair()
         # The child imports this package (the runtime) by its root, installed or not, as
-        # MotoProcess does; everything else, the stack's settings included, is os.environ as set.
+        # MotoProcess does; everything else is the function's own environment (`env`: the stack
+        # gives each function its template variables only), else os.environ as set.
         package_root = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        base = os.environ if self.env is None else self.env
+        env = {**base, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, base.get("PYTHONPATH")]))}
         if self.on_output is not None:
             # On a pipe Python buffers stdout by the block: a metric or a log line would reach
             # the stack seconds late (or never, if the environment is killed).
@@ -312,11 +331,16 @@ class EnvironmentPool:
         on_notice: Callable[[str], None] | None = None,
         on_output: OutputCallback | None = None,
         start_timeout: float = START_TIMEOUT_SECONDS,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.function = function
         self.on_output = on_output
+        self.env = env  # the environment variables its environments start with (None: os.environ)
         self.name = function.logical_id
         self.max_environments = max(1, int(max_environments or function.concurrency))
+        # Lambda throttles beyond a reserved concurrency; a function without one here waits.
+        reserved = function.reserved_concurrency
+        self.throttles = reserved is not None and self.max_environments >= reserved
         self.timeout = function.timeout
         self.on_notice = on_notice
         self.start_timeout = start_timeout
@@ -326,7 +350,8 @@ class EnvironmentPool:
         self._reserved = 0  # environments counted against the cap: running, idle or starting
         self._busy = 0
         self._closed = False
-        self._counts = dict.fromkeys(("invocations", "errors", "timeouts", "exits", "cold_starts", "init_errors"), 0)
+        self._counts = dict.fromkeys(("invocations", "errors", "timeouts", "exits", "cold_starts", "init_errors",
+                                     "throttles"), 0)
         self._max_busy = 0
         self._init_seconds: list[float] = []
 
@@ -334,7 +359,8 @@ class EnvironmentPool:
         return self.invoke(event, getattr(context, "aws_request_id", None))
 
     def invoke(self, event: Any, request_id: str | None = None) -> Any:
-        """One invocation in an idle environment, or a new one if all are busy (up to the cap)."""
+        """One invocation in an idle environment, or a new one if all are busy (up to the cap);
+        beyond a reserved concurrency, `FunctionError` `TooManyRequestsException` at once."""
         request_id = request_id or str(uuid.uuid4())
         environment = self._acquire()
         try:
@@ -371,8 +397,11 @@ class EnvironmentPool:
                     self._reserved += 1
                     self._take()
                     break
+                if self.throttles:
+                    self._counts["throttles"] += 1
+                    raise FunctionError(THROTTLED_MESSAGE, THROTTLED)
                 self._condition.wait()
-        environment = ExecutionEnvironment(self.function, self.on_notice, self.on_output)
+        environment = ExecutionEnvironment(self.function, self.on_notice, self.on_output, self.env)
         with self._condition:
             self._all.add(environment)
         try:

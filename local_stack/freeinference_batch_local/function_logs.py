@@ -6,7 +6,9 @@ Every line a function writes (its execution environments' stdout and stderr, env
 lines stay JSON: a Powertools record as the function wrote it (given the function's name if it
 has none: a record logged outside an invocation), any other line wrapped in a record of its own
 (`message`, `stream`, `function_name`). An EMF record also goes to the local CloudWatch
-(metrics_forward.py), as CloudWatch Logs makes metrics of it.
+(metrics_forward.py), as CloudWatch Logs makes metrics of it. A function's file is bounded:
+past `LOG_FILE_MAX_BYTES` (10 MB) it becomes `<function>.jsonl.1` (replacing the one before)
+and a new file starts, so a stack left running keeps at most about twice that per function.
 
 The terminal gets, unless `verbose`, one readable line per batch status change (a record with
 `batch_status`, freeinference_batch.core.observability `log_status_change`; once per batch and
@@ -32,6 +34,8 @@ LOGS_DIR = "logs"  # under the stack's `.local-stack/`
 ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 # A readable line shows this much of a message at most: a terminal line, not the record.
 READABLE_MESSAGE_CHARS = 300
+# A function's log file rotates past this size, keeping one rotated file.
+LOG_FILE_MAX_BYTES = 10 * 1024 * 1024
 
 
 def log_file_name(logical_id: str) -> str:
@@ -42,8 +46,10 @@ class FunctionLogs:
     """`write(logical_id, stream, line)` from any thread; `close()` once the functions are gone."""
 
     def __init__(self, directory: str | Path, terminal: TextIO, *, verbose: bool = False,
-                 function_names: dict[str, str] | None = None) -> None:
+                 function_names: dict[str, str] | None = None, max_bytes: int = LOG_FILE_MAX_BYTES) -> None:
         self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self._sizes: dict[str, int] = {}  # bytes written to each open file
         self.terminal = terminal
         self.verbose = verbose
         # logical id -> the function's name (what its LambdaContext says), for lines without one
@@ -74,7 +80,7 @@ class FunctionLogs:
         with self._lock:
             if self._closed:
                 return
-            self._file(logical_id).write(kept + "\n")
+            self._write(logical_id, kept + "\n")
             shown = line if self.verbose else self._readable(logical_id, record)
             if shown is not None:
                 self.terminal.write(shown + "\n")
@@ -103,12 +109,24 @@ class FunctionLogs:
                     + f" (.local-stack/{LOGS_DIR}/{log_file_name(logical_id)})")
         return None
 
+    def _write(self, logical_id: str, text: str) -> None:
+        """Append to the function's file (under the lock), rotating it first if `text` would take
+        it past `max_bytes` (a line alone over it still goes in whole)."""
+        size = len(text.encode("utf-8"))
+        if logical_id in self._files and self._sizes[logical_id] + size > self.max_bytes:
+            self._files.pop(logical_id).close()
+            path = self.directory / log_file_name(logical_id)
+            path.replace(path.with_name(path.name + ".1"))
+        self._file(logical_id).write(text)
+        self._sizes[logical_id] += size
+
     def _file(self, logical_id: str) -> TextIO:
         handle = self._files.get(logical_id)
         if handle is None:
             # Each run's own logs ("w"); line-buffered: `tail -f` and a test see each line as written.
             handle = open(self.directory / log_file_name(logical_id), "w", encoding="utf-8", buffering=1)  # noqa: SIM115
             self._files[logical_id] = handle
+            self._sizes[logical_id] = 0
         return handle
 
     def close_metrics(self) -> None:

@@ -9,11 +9,14 @@ the benchmarks' instruments that patch this process's handlers and boto3 clients
 Everything comes from `template.yaml`: the tables, queues and bucket are created on a moto server
 (`moto/`) from their `Properties`, and the functions' environment is the template's
 `Globals.Function.Environment.Variables` with every `Ref`/`Fn::GetAtt`/`Fn::Sub` resolved as
-CloudFormation would (`cloudformation/resources.py`); the API routes (`api_gateway/`), SQS and
-DynamoDB stream event mappings and schedules (`triggers/`) are the functions' `Events`. So a
-change to the template is a change to the local stack, with no second copy. A nested application
-of a local template (one per model, `model/template.yaml`) is expanded into the parent first
-(`cloudformation/template.py`): its resources are `Block/Resource`.
+CloudFormation would (`cloudformation/resources.py`), and each function's execution environments
+get that function's own variables only (its `Environment` with the globals applied, as SAM does:
+a model's worker its `WORKER_MODEL` and `UPSTREAM_API_KEY_SECRET`, no other function either);
+the API routes (`api_gateway/`), SQS and DynamoDB stream event mappings and schedules
+(`triggers/`) are the functions' `Events`. So a change to the template is a change to the local
+stack, with no second copy. A nested application of a local template (one per model,
+`model/template.yaml`) is expanded into the parent first (`cloudformation/template.py`): its
+resources are `Block/Resource`.
 
 `LOCAL_AWS_FAULTS` (and `LOCAL_AWS_FAULTS_SEED`) make its moto server inject AWS's failures into
 the service's calls (`aws_faults/`): the functions, pollers and schedules run with
@@ -43,7 +46,11 @@ from freeinference_batch.core.settings import Settings, get_settings
 from freeinference_batch_local.api_gateway.routes import routes_from_functions
 from freeinference_batch_local.api_gateway.server import ApiGatewayServer
 from freeinference_batch_local.aws_faults.config import APP_ID_ENV, SERVICE_APP_ID, config_from_env
-from freeinference_batch_local.cloudformation.resources import TemplateResources, template_environment
+from freeinference_batch_local.cloudformation.resources import (
+    TemplateResources,
+    function_environments,
+    template_environment,
+)
 from freeinference_batch_local.cloudformation.template import load_template
 from freeinference_batch_local.environments import EnvironmentPool, close_pools
 from freeinference_batch_local.function_logs import InProcessOutput
@@ -249,7 +256,6 @@ class LocalStack:
         ).client("sqs", endpoint_url=self.moto_endpoint)
 
         self.functions = functions_from_template(template, self.root)
-        self._warn_per_function_env(template)
         if self.logs is not None:
             self.logs.function_names.update({spec.logical_id: spec.name for spec in self.functions.values()})
             if not self.isolated_functions:
@@ -258,7 +264,7 @@ class LocalStack:
                 sys.stdout = InProcessOutput(self.logs, sys.stdout)
         # The environments start after the mark is set: they inherit it with the rest of os.environ.
         if self.isolated_functions:
-            self._start_pools()
+            self._start_pools(function_environments(template, resources, self.functions, os.environ))
         else:
             for spec in self.functions.values():
                 _ = spec.handler  # import every handler now: a broken one fails the start, not a request
@@ -304,15 +310,17 @@ class LocalStack:
                 secrets.put_secret_value(SecretId=resources.resolve(variables["UPSTREAM_API_KEY_SECRET"]),
                                          SecretString=key)
 
-    def _start_pools(self) -> None:
-        """An `EnvironmentPool` per function, and one environment of each started now, side by
-        side: a handler that cannot import fails the start, not a request, and each function's
-        first invocation is warm (later ones cold-start when every environment is busy)."""
+    def _start_pools(self, environments: dict[str, dict[str, str]]) -> None:
+        """An `EnvironmentPool` per function, with its own variables (`environments`), and one
+        environment of each started now, side by side: a handler that cannot import fails the
+        start, not a request, and each function's first invocation is warm (later ones cold-start
+        when every environment is busy)."""
         for logical_id, spec in self.functions.items():
             self.pools[logical_id] = EnvironmentPool(
                 spec,
                 on_notice=lambda _what: self._wake_pollers(),
                 on_output=self.logs.write if self.logs is not None else None,
+                env=environments[logical_id],
             )
         failures: list[BaseException] = []
 
@@ -362,26 +370,6 @@ class LocalStack:
         writes = aws.dynamodb().meta.events
         for operation in ("PutItem", "UpdateItem", "TransactWriteItems", "BatchWriteItem"):
             writes.register(f"after-call.dynamodb.{operation}", wake_streams)
-
-    def _warn_per_function_env(self, template: dict[str, Any]) -> None:
-        # Every function's execution environments inherit the stack's one set of variables: a
-        # function's own variables do not apply to it alone.
-        # Only those that change a setting matter (WORKER_MODEL-style labels are harmless).
-        function_globals = (template.get("Globals") or {}).get("Function") or {}
-        globals_env = (function_globals.get("Environment") or {}).get("Variables") or {}
-        # The workers' UPSTREAM_API_KEY_SECRET is left out on purpose: locally they send
-        # UPSTREAM_API_KEY (empty unless set: the simulated upstream needs no credential).
-        settings_names = _settings_env_names() - {"UPSTREAM_API_KEY_SECRET"}
-        for logical_id in self.functions:
-            properties = template["Resources"][logical_id].get("Properties") or {}
-            own = (properties.get("Environment") or {}).get("Variables") or {}
-            clashing = sorted(name for name in own if name in settings_names and own[name] != globals_env.get(name))
-            if clashing:
-                log.warning(
-                    "%s sets %s itself; the local stack runs every function with the global value",
-                    logical_id,
-                    ", ".join(clashing),
-                )
 
     def stop(self) -> None:
         """Stop taking requests, let running invocations finish (briefly), then tear down."""

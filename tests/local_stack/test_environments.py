@@ -17,8 +17,9 @@ from pathlib import Path
 
 import boto3
 import pytest
+from freeinference_batch_local.api_gateway.integration import invoke_integration
 from freeinference_batch_local.cloudformation.template import load_template
-from freeinference_batch_local.environments import EnvironmentPool, ExecutionEnvironment, FunctionError
+from freeinference_batch_local.environments import EnvironmentPool, ExecutionEnvironment, FunctionError, is_throttle
 from freeinference_batch_local.handlers import (
     LOCAL_UNRESERVED_CONCURRENCY,
     FunctionSpec,
@@ -107,9 +108,11 @@ def code_dir(tmp_path: Path) -> Path:
 def make_pool(code_dir: Path):
     pools: list[EnvironmentPool] = []
 
-    def make(cap: int = 2, timeout: float = 30, handler: str = "app.handler", **kwargs) -> EnvironmentPool:
+    def make(cap: int | None = 2, timeout: float = 30, handler: str = "app.handler", reserved: int | None = None,
+             **kwargs) -> EnvironmentPool:
+        properties = {} if reserved is None else {"ReservedConcurrentExecutions": reserved}
         spec = FunctionSpec(logical_id="TestFunction", name="local-TestFunction", code_dir=code_dir,
-                            handler_name=handler, timeout=timeout, memory_mb=256, properties={})
+                            handler_name=handler, timeout=timeout, memory_mb=256, properties=properties)
         pool = EnvironmentPool(spec, max_environments=cap, **kwargs)
         pools.append(pool)
         return pool
@@ -153,6 +156,33 @@ def test_concurrent_invocations_get_environments_of_their_own_up_to_the_cap(make
     stats = pool.stats()
     assert stats["cold_starts"] == 2 and stats["environments"] == 2 and stats["max_busy"] == 2
     assert stats["invocations"] == 8 and stats["errors"] == 0
+
+
+def test_an_invocation_beyond_the_reserved_concurrency_is_throttled_as_lambda_throttles_it(make_pool, tmp_path):
+    # Given a function reserving 1 concurrent execution, busy with a long invocation
+    pool = make_pool(cap=None, reserved=1)
+    assert pool.max_environments == 1
+    pool.prewarm()
+    busy = threading.Thread(target=pool.invoke, args=({"action": "sleep", "seconds": 5},), daemon=True)
+    busy.start()
+    wait_for(lambda: pool.stats()["busy"] == 1, what="the first invocation to run")
+    # When another invocation comes meanwhile
+    started = time.monotonic()
+    with pytest.raises(FunctionError) as raised:
+        pool.invoke({})
+    # Then Lambda's throttle answers it at once (it does not wait for the environment), and the
+    # handler never ran
+    assert time.monotonic() - started < 2 and busy.is_alive()
+    assert raised.value.error_type == "TooManyRequestsException" and raised.value.error_message == "Rate Exceeded."
+    assert is_throttle(raised.value)
+    stats = pool.stats()
+    assert stats["throttles"] == 1 and stats["invocations"] == 1 and stats["errors"] == 0
+    # And API Gateway's Lambda integration answers the throttle as a failed integration: 500
+    status, _, body = invoke_integration(pool, {}, None)
+    assert (status, body) == (500, b'{"message":"Internal Server Error"}')
+    busy.join(10)
+    # And once the environment is free, the next invocation runs in it
+    assert pool.invoke({})["calls"] == 2
 
 
 def test_the_context_carries_the_function_and_the_deadline(make_pool):

@@ -90,3 +90,22 @@ def test_in_process_lines_go_to_the_function_their_record_names(tmp_path: Path) 
     assert metrics.records == [record]
     assert lines(tmp_path / "GlmFlashModel.WorkerFunction.jsonl") == [record]
     assert lines(tmp_path / "in-process.jsonl")[0]["message"] == "plain text"
+
+
+def test_a_functions_file_rotates_past_its_cap_keeping_one_rotated_file(tmp_path: Path) -> None:
+    # Given a 2 KB cap on each function's file
+    out = FunctionLogs(tmp_path, io.StringIO(), function_names=NAMES, max_bytes=2048)
+    # When a function writes 200 lines of about 100 bytes (20 KB), and another function one line
+    for n in range(200):
+        out.write("ApiFunction", "stdout", json.dumps({"level": "INFO", "message": f"line {n:03d}", "pad": "x" * 50}))
+    out.write("GlmFlashModel/WorkerFunction", "stdout", json.dumps({"level": "INFO", "message": "alone"}))
+    out.close()
+    # Then the function has its file and one rotated file, each within the cap, and nothing else
+    current, rotated = tmp_path / "ApiFunction.jsonl", tmp_path / "ApiFunction.jsonl.1"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "ApiFunction.jsonl", "ApiFunction.jsonl.1", "GlmFlashModel.WorkerFunction.jsonl"]
+    assert current.stat().st_size <= 2048 and rotated.stat().st_size <= 2048
+    # And they hold the latest lines, in order, the rotated one just before the current one
+    kept = [record["message"] for record in lines(rotated) + lines(current)]
+    assert kept[-1] == "line 199" and kept == [f"line {n:03d}" for n in range(200 - len(kept), 200)]
+    assert [record["message"] for record in lines(tmp_path / "GlmFlashModel.WorkerFunction.jsonl")] == ["alone"]

@@ -167,8 +167,10 @@ def invoke_integration(
     - the event over Lambda's invoke payload: Lambda refuses the invoke (413), the handler never
       runs, and the client gets 413 `{"message":"Request Entity Too Large"}`;
     - the handler raises, or answers something that is not a valid 2.0 response, or answers
-      more than the invoke payload allows (Lambda's `Function.ResponseSizeTooLarge`): HTTP API
-      answers 500 `{"message":"Internal Server Error"}`;
+      more than the invoke payload allows (Lambda's `Function.ResponseSizeTooLarge`), or Lambda
+      throttles the invocation (beyond the function's reserved concurrency: environments.py):
+      HTTP API answers 500 `{"message":"Internal Server Error"}` (for a throttle: README
+      "Throttling", and its sources);
     - the handler has not answered after `timeout_seconds`: 503 `{"message":"Service
       Unavailable"}`; the handler's thread runs on, as the Lambda invocation would.
     """

@@ -36,6 +36,19 @@ each: docs/ARCHITECTURE.md, "Where the code relies on consistency, and on its ow
 - `sqs.lost_answer=R`: SendMessage(Batch), DeleteMessage(Batch), ChangeMessageVisibility(Batch)
   are applied, then answer a 500, so botocore sends them again (a message sent twice is two
   messages, as on SQS).
+- `sqs.failed_entry=R`: an entry of SendMessageBatch, DeleteMessageBatch or
+  ChangeMessageVisibilityBatch is not applied and is listed in the answer's `Failed`
+  (`InternalError`, `SenderFault` false); the others are applied.
+- `sqs.stale_receipt=R`: a DeleteMessage(Batch) by a receipt handle of a message's earlier
+  receive (it was received again since) succeeds and deletes nothing, as SQS may (only the latest
+  receipt handle surely deletes a message).
+- `events.throttle=R`, `events.error=R`, `secretsmanager.throttle=R`, `secretsmanager.error=R`,
+  `cloudwatch.throttle=R`, `cloudwatch.error=R`: the call answers the service's throttling error
+  (400) or its internal error (500) before it is applied (botocore retries both).
+- `events.lost_answer=R` (PutEvents), `cloudwatch.lost_answer=R` (PutMetricData): applied, then a
+  500, so botocore sends it again (the events put twice, the data counted twice).
+- `events.failed_entry=R`: a PutEvents entry is refused in its place (`ErrorCode`
+  `InternalFailure`, counted in `FailedEntryCount`); the others are put.
 - `s3.error=R` (any call: a 500 before it is applied), `s3.lost_answer=R` (a PUT, POST or DELETE
   applied, then a 500).
 
@@ -66,7 +79,8 @@ bucket can be named `_local`).
 Where each part is: `config.py` (the names, `LOCAL_AWS_FAULTS` read and checked: the only part
 the stack's own process imports), `schedule.py` (the seeded draws and the counts),
 `injector.py` (the WSGI app around moto: who is faulted, and each call sent to its service's
-faults), `dynamodb.py`, `sqs.py`, `s3.py` (each service's faults and its errors as it answers
+faults), `dynamodb.py`, `sqs.py`, `s3.py`, `services.py` (EventBridge, Secrets Manager and
+CloudWatch) (each service's faults and its errors as it answers
 them), `replicas.py` (the lagging replicas behind `dynamodb.stale_ms`), `wsgi.py` (requests and
 answers between the injector and moto). A new fault: its name in `config.FAULT_NAMES`, its
 injection in its service's module, its line above, and a test in `tests/local_stack/aws_faults/`.

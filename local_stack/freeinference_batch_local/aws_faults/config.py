@@ -25,8 +25,19 @@ FAULT_NAMES = (
     STALE_MS,
     "sqs.duplicate",
     "sqs.lost_answer",
+    "sqs.failed_entry",
+    "sqs.stale_receipt",
     "s3.lost_answer",
     "s3.error",
+    "events.throttle",
+    "events.error",
+    "events.lost_answer",
+    "events.failed_entry",
+    "secretsmanager.throttle",
+    "secretsmanager.error",
+    "cloudwatch.throttle",
+    "cloudwatch.error",
+    "cloudwatch.lost_answer",
 )
 
 

@@ -13,6 +13,7 @@ from freeinference_batch_local.aws_faults.config import FAULTS_PATH, SEED_ENV, S
 from freeinference_batch_local.aws_faults.dynamodb import DynamoDBFaults
 from freeinference_batch_local.aws_faults.s3 import S3Faults
 from freeinference_batch_local.aws_faults.schedule import FaultSchedule
+from freeinference_batch_local.aws_faults.services import ServiceFaults, service_call
 from freeinference_batch_local.aws_faults.sqs import SqsFaults
 from freeinference_batch_local.aws_faults.wsgi import (
     Answer,
@@ -49,6 +50,7 @@ class FaultInjector:
         self.dynamodb = DynamoDBFaults(self.schedule, self._forward, clock)
         self.sqs = SqsFaults(self.schedule, self._forward)
         self.s3 = S3Faults(self.schedule, self._forward)
+        self.services = ServiceFaults(self.schedule, self._forward)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == FAULTS_PATH:
@@ -63,6 +65,12 @@ class FaultInjector:
             answer = self.sqs.answer(target.partition(".")[2], read_request(environ, marked))
         elif marked and not target and scope(environ)[2] == "s3":
             answer = self.s3.answer(read_request(environ, marked))
+        elif marked:
+            request = read_request(environ, marked)
+            call = service_call(environ, request.body)
+            if call is None:  # a service without faults: as it came (its body readable again)
+                return self.app(request.fresh(), start_response)
+            answer = self.services.answer(*call, request)
         else:
             return self.app(environ, start_response)
         start_response(answer.status, answer.headers)

@@ -4,7 +4,10 @@
 event exactly as Lambda does, invokes the worker with at most `ScalingConfig.MaximumConcurrency`
 invocations at once (it stops receiving while all are busy), and deletes every record the
 invocation did not report in `batchItemFailures`; an invocation that raises deletes nothing, so
-its messages come back after the visibility timeout, as on AWS.
+its messages come back after the visibility timeout, as on AWS. An invocation the function
+throttles (beyond its reserved concurrency: environments.py) is sent again with exponential
+backoff while the batch's visibility timeout lasts, then left to come back, as Lambda's poller
+does for a throttled batch ("Backoff strategy for failed invocations", Lambda's operator guide).
 
 As Lambda does, it gathers a batch for at most the mapping's `MaximumBatchingWindowInSeconds`
 (0 or absent: it invokes at once with what one receive got; with a window, `BatchSize` may go
@@ -29,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from freeinference_batch_local.cloudformation.resources import TemplateResources, truthy
+from freeinference_batch_local.environments import is_throttle
 from freeinference_batch_local.handlers import (
     LAMBDA_INVOKE_PAYLOAD_BYTES,
     LOCAL_REGION,
@@ -50,6 +54,11 @@ MAX_BATCH_SIZE_WITH_WINDOW = 10_000
 # The JSON around the records of an SQS event: {"Records": [...]}, and ", " between records.
 _EVENT_ENVELOPE_BYTES = invoke_payload_bytes({"Records": []})
 _RECORD_SEPARATOR_BYTES = len(", ")
+# A throttled invocation is sent again after this, doubling up to the cap, while the batch's
+# messages stay invisible. SQS's default VisibilityTimeout, for a queue that sets none.
+THROTTLE_BACKOFF_SECONDS = 0.05
+THROTTLE_BACKOFF_MAX_SECONDS = 2.0
+DEFAULT_VISIBILITY_TIMEOUT = 30.0
 
 
 def queue_pollers(functions: Iterable[FunctionSpec], resources: TemplateResources, sqs: Any,
@@ -72,10 +81,20 @@ def queue_pollers(functions: Iterable[FunctionSpec], resources: TemplateResource
                 batch_size=int(properties.get("BatchSize", 10)),
                 max_batching_window=float(properties.get("MaximumBatchingWindowInSeconds") or 0),
                 max_concurrency=spec.mapping_concurrency(properties),
+                visibility_timeout=_visibility_timeout(resources, arn),
                 report_batch_item_failures="ReportBatchItemFailures"
                 in (properties.get("FunctionResponseTypes") or ()),
                 context_factory=spec.context,
             )
+
+
+def _visibility_timeout(resources: TemplateResources, arn: str) -> float:
+    """The VisibilityTimeout of the template's queue whose ARN is `arn`."""
+    for logical_id, physical in resources.physical.items():
+        if physical.get("Arn") == arn:
+            properties = resources.resources[logical_id].get("Properties") or {}
+            return float(resources.resolve(properties.get("VisibilityTimeout", DEFAULT_VISIBILITY_TIMEOUT)))
+    return DEFAULT_VISIBILITY_TIMEOUT
 
 
 def sqs_record(message: dict[str, Any], queue_arn: str, region: str = LOCAL_REGION) -> dict[str, Any]:
@@ -160,6 +179,7 @@ class QueuePoller(InvocationsInFlight):
         batch_size: int = 10,
         max_batching_window: float = 0.0,
         max_concurrency: int = 2,
+        visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
         report_batch_item_failures: bool = True,
         context_factory: Callable[[], Any] | None = None,
         idle_sleep: float = IDLE_SLEEP_SECONDS,
@@ -175,6 +195,7 @@ class QueuePoller(InvocationsInFlight):
         ceiling = MAX_BATCH_SIZE_WITH_WINDOW if self.max_batching_window > 0 else RECEIVE_MAX_MESSAGES
         self.batch_size = max(1, min(int(batch_size), ceiling))
         self.max_concurrency = max(1, int(max_concurrency))
+        self.visibility_timeout = float(visibility_timeout)
         self.report_batch_item_failures = report_batch_item_failures
         self.context_factory = context_factory or (lambda: LambdaContext(name, 128, 60))
         self.idle_sleep = idle_sleep
@@ -194,6 +215,7 @@ class QueuePoller(InvocationsInFlight):
                 "deleted",
                 "reported_failures",
                 "released_over_payload",
+                "throttles",
             ),
             0,
         )
@@ -257,6 +279,7 @@ class QueuePoller(InvocationsInFlight):
                 self._wake.wait(self.idle_sleep)
                 self._wake.clear()
                 continue
+            received_at = time.monotonic()
             records = [sqs_record(message, self.queue_arn, self.region) for message in messages]
             fitting = records_within_invoke_payload(records)
             if fitting < len(records):
@@ -271,7 +294,8 @@ class QueuePoller(InvocationsInFlight):
                 self._counts["messages"] += len(records)
             # A daemon thread per invocation (not an executor): a hung invocation must not keep
             # the process from exiting when the stack stops.
-            threading.Thread(target=self._invoke, args=(records,), name=f"invoke-{self.name}", daemon=True).start()
+            threading.Thread(target=self._invoke, args=(records, received_at), name=f"invoke-{self.name}",
+                             daemon=True).start()
 
     def _gather(self) -> list[dict[str, Any]]:
         """One batch: what one receive gets, or with a batching window, up to `batch_size`
@@ -323,22 +347,23 @@ class QueuePoller(InvocationsInFlight):
                 self._counts["empty_receives"] += 1
         return messages
 
-    def _invoke(self, records: list[dict[str, Any]]) -> None:
+    def _invoke(self, records: list[dict[str, Any]], received_at: float | None = None) -> None:
         try:
             event = {"Records": records}
             ids = [record["messageId"] for record in event["Records"]]
             with self._lock:
                 self._counts["invocations"] += 1
             try:
-                response = self.handler(event, self.context_factory())
-            except Exception:
+                response = self._invoke_unless_throttled(event, received_at)
+            except Exception as error:
                 with self._lock:
                     self._counts["errors"] += 1
-                log.exception(
-                    "%s: the worker raised; its %d message(s) return after the visibility timeout",
-                    self.name,
-                    len(records),
-                )
+                if is_throttle(error):
+                    log.warning("%s: throttled until the batch's visibility timeout; its %d message(s) come back",
+                                self.name, len(records))
+                else:
+                    log.exception("%s: the worker raised; its %d message(s) return after the visibility timeout",
+                                  self.name, len(records))
                 return
             failed = failed_message_ids(response, ids) if self.report_batch_item_failures else set()
             if failed is None:
@@ -361,6 +386,22 @@ class QueuePoller(InvocationsInFlight):
                 self._in_flight -= 1
                 self._idle.notify_all()
             self._slots.release()
+
+    def _invoke_unless_throttled(self, event: dict[str, Any], received_at: float | None) -> Any:
+        """The handler's answer; a throttled invocation sent again with backoff while the batch
+        is invisible (the last throttle raised when the next try would be past it)."""
+        visible_again = (time.monotonic() if received_at is None else received_at) + self.visibility_timeout
+        delay = THROTTLE_BACKOFF_SECONDS
+        while True:
+            try:
+                return self.handler(event, self.context_factory())
+            except Exception as error:
+                if not is_throttle(error) or time.monotonic() + delay >= visible_again or self._stop.is_set():
+                    raise
+                with self._lock:
+                    self._counts["throttles"] += 1
+            self._stop.wait(delay)
+            delay = min(delay * 2, THROTTLE_BACKOFF_MAX_SECONDS)
 
     def _delete(self, records: list[dict[str, Any]]) -> None:
         for start in range(0, len(records), 10):

@@ -9,6 +9,7 @@ import uuid
 
 import boto3
 import pytest
+from freeinference_batch_local.environments import FunctionError
 from freeinference_batch_local.handlers import LAMBDA_INVOKE_PAYLOAD_BYTES, invoke_payload_bytes
 from freeinference_batch_local.moto.server import MotoServer
 from freeinference_batch_local.triggers.sqs import (
@@ -200,6 +201,53 @@ def test_a_raising_worker_deletes_nothing(sqs, queue, pollers, caplog):
     assert messages_left(sqs, url) == 7
     assert poller.stats()["errors"] >= 1 and poller.stats()["deleted"] == 0
     assert "worker crashed" in caplog.text
+
+
+def throttle() -> FunctionError:
+    return FunctionError("Rate Exceeded.", "TooManyRequestsException")
+
+
+def test_a_throttled_batch_is_sent_again_with_backoff_and_deleted_once_it_runs(sqs, queue, pollers):
+    # Given a function that throttles the first two invocations (its reserved concurrency is busy)
+    url, _ = queue
+    send(sqs, url, ["a", "b", "c"])
+    tries: list[float] = []
+
+    def handler(event, context):
+        tries.append(time.monotonic())
+        if len(tries) <= 2:
+            raise throttle()
+        return {}
+
+    # When the poller takes the batch
+    poller = start_poller(pollers, sqs, queue, handler, batch_size=10, max_concurrency=1)
+    wait_for(lambda: poller.stats()["deleted"] == 3, what="the batch to run")
+    # Then the same batch was sent again after growing pauses, not dropped, and then deleted
+    assert len(tries) == 3 and tries[2] - tries[1] > tries[1] - tries[0] > 0
+    stats = poller.stats()
+    assert stats["throttles"] == 2 and stats["errors"] == 0 and stats["receives"] >= 1
+    assert messages_left(sqs, url) == 0
+
+
+def test_a_batch_throttled_past_its_visibility_timeout_comes_back_to_the_queue(sqs, queue, pollers, caplog):
+    # Given a function that always throttles, and a queue whose messages hide for 1 s
+    url, _ = queue
+    send(sqs, url, ["a"])
+    received: list[str] = []
+
+    def handler(event, context):
+        received.append(event["Records"][0]["receiptHandle"])
+        raise throttle()
+
+    # When the poller has tried for longer than the visibility timeout
+    poller = start_poller(pollers, sqs, queue, handler, batch_size=10, max_concurrency=1, visibility_timeout=1)
+    wait_for(lambda: poller.stats()["errors"] >= 1, what="the poller to give up on the batch")
+    poller.pause()
+    assert poller.wait_idle(5)
+    # Then it gave up within the timeout, deleted nothing, and the message is still in the queue
+    assert poller.stats()["throttles"] >= 2 and poller.stats()["deleted"] == 0
+    assert messages_left(sqs, url) == 1
+    assert "throttled until the batch's visibility timeout" in caplog.text
 
 
 def test_invalid_item_identifier_fails_the_whole_batch(sqs, queue, pollers):

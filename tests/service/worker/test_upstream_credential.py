@@ -1,5 +1,6 @@
 """The upstream credential and base URL: read from Secrets Manager at run time (rotating it needs
-no deploy), never from a function's environment; a base URL that cannot work stops a cold start."""
+no deploy), never from a function's environment; a base URL that cannot work stops a cold start; a
+worker that cannot read the credential runs nothing and its messages come back in seconds."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ import boto3
 import pytest
 from freeinference_batch.core import aws
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.worker import upstream
+from freeinference_batch.worker import CredentialUnavailable, upstream
+from freeinference_batch.worker.runner import CREDENTIAL_WAIT_SECONDS
 from freeinference_batch_local.cloudformation.resources import TemplateResources
 from freeinference_batch_local.cloudformation.template import function_properties, load_template, resources_of_type
+from freeinference_batch_local.handlers import LambdaContext
 from moto import mock_aws
 from pydantic import ValidationError
 
-from tests.conftest import StubUpstream
+from tests.conftest import StubUpstream, sample_request
+from tests.service.worker.helpers import MODEL, received_record, state_of
 
 REPO = Path(__file__).resolve().parents[3]
 TEMPLATE = REPO / "template.yaml"
@@ -103,7 +107,7 @@ def test_a_failed_refresh_keeps_the_credential_last_read(moto_env, recording_ups
     # Then the request still runs, with the credential last read: it costs no attempt
     assert outcome.kind == "completed"
     assert recording_upstream.authorizations == ["Bearer upstream-key-1", "Bearer upstream-key-1"]
-    # (a worker that never read it has nothing to fall back on: it fails, at its cold start)
+    # (a worker that never read it has nothing to fall back on: it raises, before any claim: see below)
     aws.reset_clients()
     with pytest.raises(Exception, match=r"(?i)secret"):
         upstream.api_key(settings)
@@ -216,3 +220,38 @@ def test_the_local_stack_puts_a_given_credential_in_the_workers_secret(moto_env,
     LocalStack._put_upstream_key(template, resources, clients["secretsmanager"])
     arn = resources.ensure("UpstreamApiKeySecret")["Ref"]
     assert clients["secretsmanager"].get_secret_value(SecretId=arn)["SecretString"] == "real-upstream-key"
+
+
+# ---------------------------------------------------------------- a credential that cannot be read
+
+
+def test_a_worker_that_cannot_read_the_credential_claims_nothing_and_its_messages_come_back_in_seconds(harness):
+    # Given a queued request, and a worker whose every read of the credential's secret fails
+    # (a fresh environment: nothing read before to fall back on)
+    batch = harness.create([sample_request("c-0", "No credential yet")])
+    secrets = boto3.client("secretsmanager")
+    arn = next(s["ARN"] for s in secrets.list_secrets()["SecretList"] if s["Name"].endswith("UpstreamApiKeySecret"))
+    harness.configure(UPSTREAM_API_KEY_SECRET=arn.replace("UpstreamApiKey", "Missing"))
+    aws.reset_clients()
+    parked: list[int] = []
+    aws.sqs().meta.events.register("provide-client-params.sqs.ChangeMessageVisibility",
+                                   lambda params, **_: parked.append(params["VisibilityTimeout"]))
+    record = received_record(harness, batch["id"], 0)  # hidden for an hour, as the worker queue's 90 minutes
+
+    # When an invocation gets its message
+    with pytest.raises(CredentialUnavailable):
+        harness.worker_handler({"Records": [{**record, "eventSourceARN": "arn:aws:sqs:us-east-1:1:q"}]},
+                               LambdaContext("worker", 512, 900))
+
+    # Then the invocation fails (the Errors alarm shows it), the request was not claimed (no
+    # attempt spent, no lease for the sweep to wait out), and its message comes back in seconds
+    state = state_of(harness, batch["id"], 0)
+    # (no request item at all: never run)
+    assert state is None or (state["status"] == "queued" and not int(state.get("attempts", 0))), state
+    assert parked == [CREDENTIAL_WAIT_SECONDS]
+    # And once the secret reads again, the request runs
+    harness.configure(UPSTREAM_API_KEY_SECRET=arn)
+    secrets.put_secret_value(SecretId=arn, SecretString="upstream-key-1")
+    aws.sqs().change_message_visibility(QueueUrl=harness.queues[MODEL], ReceiptHandle=record["receiptHandle"],
+                                                 VisibilityTimeout=0)  # its 10 s, passed
+    assert harness.run_to_final(batch["id"])["request_counts"] == {"total": 1, "completed": 1, "failed": 0}

@@ -112,7 +112,8 @@ def secret_string(secret_id: str, max_age: int) -> str:
 
     A refresh that fails (a throttle, a blip) answers the last value read, if there is one: a
     worker asks for the upstream credential after claiming a request, and failing then would
-    cost the request an attempt for nothing. A worker that never read it fails at cold start."""
+    cost the request an attempt for nothing. A worker that never read it raises: its handler
+    reads it before claiming anything (functions/worker/app.py)."""
     try:
         value = _secrets().get(secret_id, max_age=max_age)
     except Exception:

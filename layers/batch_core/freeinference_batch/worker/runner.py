@@ -64,6 +64,8 @@ from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlocks
 from freeinference_batch.worker.waiting import WaitingRoom
 
 UNEXPECTED_ERROR_WAIT_SECONDS = 10.0
+# A worker that cannot read the upstream credential runs nothing: its messages come back this soon.
+CREDENTIAL_WAIT_SECONDS = 10.0
 # A call the invocation leaves less than this for is not started: it runs in a fresh invocation.
 LEAST_CALL_SECONDS = 1.0
 FRESH_COPY_AFTER_RECEIVES = 500
@@ -81,6 +83,24 @@ class InvocationState:
     def new(cls, settings: Settings, ends_at: float | None = None) -> InvocationState:
         """`ends_at`: when the invocation ends, by the service's clock (None: no deadline)."""
         return cls(SlotBlocks(settings, ends_at), OwnerReads())
+
+
+class CredentialUnavailable(Exception):
+    """The upstream credential could not be read (never read yet, after botocore's retries): the
+    invocation's messages were parked unrun."""
+
+
+def park_unrun(settings: Settings, records: list[dict], seconds: float = CREDENTIAL_WAIT_SECONDS) -> None:
+    """Hide each record's message for `seconds`, nothing claimed: a worker that cannot run any of
+    them (no upstream credential) fails its invocation, and without this its messages would come
+    back after the queue's visibility timeout (90 minutes), or the sweep's dispatch lease (10),
+    instead of in seconds. Best effort: a message whose park fails comes back by those."""
+    for record in records:
+        try:
+            message = RequestMessage.model_validate_json(record["body"])
+            dispatch.park(settings, message.model, record["receiptHandle"], seconds)
+        except Exception:
+            logger.warning("could not park a message", exc_info=True, extra={"message_id": record.get("messageId")})
 
 
 class Worker:
