@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -24,6 +25,18 @@ from freeinference_batch.core.settings import get_settings
 from freeinference_batch.webhooks import endpoints
 
 app = APIGatewayHttpResolver(strip_prefixes=[])
+
+
+def _within_the_invocations_time(router: APIGatewayHttpResolver, next_middleware: Callable[..., Response]) -> Response:
+    """Every route's AWS calls stop retrying in time for the answer to reach the caller before the
+    function's timeout (29 s) and API Gateway's 30 s: a 503 with Retry-After (`handle_aws_error`)."""
+    context = router.lambda_context
+    remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else None
+    with aws.deadline(remaining):
+        return next_middleware(router)
+
+
+app.use(middlewares=[_within_the_invocations_time])
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
