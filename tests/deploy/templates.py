@@ -30,6 +30,9 @@ API_ROUTES = {
     ("POST", "/v1/webhook_endpoints/{endpoint_id}/test"),
     ("GET", "/v1/webhook_event_types"),
 }
+# An ANY route per path of the API: the methods a path does not declare reach the function,
+# which answers 405 with Allow (api.py), not API Gateway's 404.
+API_METHOD_REFUSALS = {("ANY", path) for path in {path for _, path in API_ROUTES}}
 # The web console's files, on the same HTTP API (ConsoleFunction).
 CONSOLE_ROUTES = {("GET", "/"), ("GET", "/console/{file+}")}
 

@@ -16,7 +16,7 @@ import boto3
 from freeinference_batch import accounts
 from freeinference_batch_local.handlers import LambdaContext, load_handler, repo_root
 
-from tests.deploy.templates import API_ROUTES, EVENTS
+from tests.deploy.templates import API_METHOD_REFUSALS, API_ROUTES, EVENTS
 
 SAMPLE_KEY = "hyi-sample-key-0123456789abcdef0123456789abcdef"
 SAMPLE_BATCH = "batch_0123456789abcdef0123456789abcdef"
@@ -205,14 +205,24 @@ def test_api_sample_events_cover_every_route() -> None:
         event = json.loads(path.read_text())
         assert event["version"] == "2.0", path.name
         method, _, route = event["routeKey"].partition(" ")
-        assert event["requestContext"]["http"]["method"] == method, path.name
+        # An ANY route takes the methods its path does not declare (API_METHOD_REFUSALS)
+        assert event["requestContext"]["http"]["method"] == method or method == "ANY", path.name
         assert event["requestContext"]["routeKey"] == event["routeKey"], path.name
         assert event["rawPath"] == event["requestContext"]["http"]["path"], path.name
         for name, value in (event.get("pathParameters") or {}).items():
             route = route.replace("{" + name + "}", value)
         assert route == event["rawPath"], f"{path.name}: pathParameters do not rebuild rawPath"
         covered.add(event["routeKey"])
-    assert covered == {f"{method} {route}" for method, route in API_ROUTES}
+    declared = {f"{method} {route}" for method, route in API_ROUTES}
+    refusals = {f"{method} {route}" for method, route in API_METHOD_REFUSALS}
+    assert declared <= covered and covered - declared and covered - declared <= refusals
+
+
+def test_the_sample_event_of_an_undeclared_method_is_405_with_allow(harness):
+    sample = event("api-method-not-allowed")
+    answer = load_handler("api")(sample, LambdaContext("api", 1769, 29))
+    assert answer["statusCode"] == 405 and answer["headers"]["Allow"] == "GET, POST", answer
+    assert json.loads(answer["body"])["error"]["code"] == "method_not_allowed"
 
 
 def test_worker_sample_event_is_an_sqs_batch() -> None:

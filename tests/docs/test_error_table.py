@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "layers/batch_core/freeinference_batch"
 GUIDE = REPO / "docs/USER_GUIDE.md"
 TABLE_HEADING = "## Every refusal and its message"
-STATUSES = {400, 409, 413, 422, 429}
+STATUSES = {400, 405, 409, 413, 422, 429}
 # The ApiError subclasses of those statuses, by name.
 CLASSES = {name: cls for name, cls in vars(errors).items()
            if isinstance(cls, type) and issubclass(cls, errors.ApiError) and cls.status in STATUSES}

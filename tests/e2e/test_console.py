@@ -404,6 +404,22 @@ def test_download_writes_the_output_file_the_cli_writes(
     assert csp_violations(browser) == []
 
 
+def test_a_malformed_url_hash_reads_as_not_a_batch_id(browser: WebDriver, origin: str, key: str) -> None:
+    # Given the console, signed in, recording uncaught errors and each hash change it has routed
+    # (a listener added after the console's runs after it, even when the console's throws)
+    sign_in(browser, origin, key)
+    browser.execute_script("window.__errors = []; window.onerror = (message) => { window.__errors.push(message); };"
+                           "window.addEventListener('hashchange', () => { window.__routed = location.hash; });")
+    # When the hash holds escapes that do not decode (decodeURIComponent throws URIError)
+    for hash_ in ("#/batches/%E0%A4%A", "#/batches/%"):
+        browser.execute_script("location.hash = arguments[0]", hash_)
+        until(browser, lambda d, h=hash_: d.execute_script("return window.__routed") == h, f"{hash_} routed")
+        # Then it is not a batch id: the list, and nothing thrown
+        assert browser.execute_script("return window.__errors") == [], hash_
+        until(browser, lambda d: visible(d, "batches-view"), "the list")
+        browser.execute_script("location.hash = arguments[0]", "#/")
+
+
 def test_untrusted_text_stays_text_and_the_batch_can_be_deleted(
     browser: WebDriver, origin: str, api: Api, shots: Path
 ) -> None:

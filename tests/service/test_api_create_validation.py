@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
+import zlib
 from typing import Any
 
 import pytest
@@ -264,6 +266,58 @@ def test_a_fragmented_body_is_refused_at_create_and_stores_nothing(harness):
     assert status == 400, answer
     assert "JSON values" in answer["error"]["message"] and "5,000,000" in answer["error"]["message"]
     assert harness.call("GET", "/v1/batches")[1]["data"] == []
+
+
+def test_an_unterminated_string_of_escaped_quotes_after_the_fragmentation_limit_is_refused_quickly(harness):
+    # Given past the limit of commas, then an unterminated string of 64,000 escaped quotes (issue
+    # 31): the check that strips strings rescanned to the end from every quote, ~48 s on Lambda
+    body = b'{"requests":[' + b"," * 5_000_001 + b'"' + b'\\"' * 64_000
+    packed = gzip.compress(body, 6)
+    assert len(packed) < 32 * 1024
+    # When it is sent gzipped
+    started = time.monotonic()
+    status, answer = harness.call("POST", "/v1/batches", raw=packed, headers={"content-encoding": "gzip"})
+    elapsed = time.monotonic() - started
+    # Then it is refused in well under the API's 29 s, naming the count, and nothing is stored
+    assert status == 400, answer
+    assert "5,000,003 JSON values" in answer["error"]["message"], answer
+    assert elapsed < 5, elapsed
+    assert harness.call("GET", "/v1/batches")[1]["data"] == []
+
+
+def test_a_gzip_body_of_several_members_is_read_to_its_end(harness):
+    # Given a batch of three requests gzipped as three members, one after another (RFC 1952), as
+    # `cat a.gz b.gz c.gz` and some clients write it
+    document = json.dumps({"requests": [sample_request(f"q-{i}") for i in range(3)]}).encode()
+    thirds = (document[:40], document[40:90], document[90:])
+    packed = b"".join(gzip.compress(part) for part in thirds)
+    # When it is created, then it holds all three requests (not the first member's 40 bytes)
+    status, batch = harness.call("POST", "/v1/batches", raw=packed, headers={"content-encoding": "gzip"})
+    assert status == 200 and batch["request_counts"]["total"] == 3, batch
+
+
+def test_every_member_of_a_gzip_body_counts_toward_the_size_limit_and_garbage_after_is_refused(harness):
+    harness.configure(BATCH_MAX_BODY_BYTES=4096)
+    # Members each under the limit, over it together: 413, inflating no further than the limit
+    spaces = gzip.compress(b" " * 3000)
+    document = json.dumps({"requests": [sample_request("q-0")]}).encode()
+    check = Checker(harness)
+    check.create_error("members over the limit together", 413, raw=spaces + spaces + gzip.compress(document),
+                       headers={"content-encoding": "gzip"}, contains=("4096",))
+    # Bytes after a member that are not another member, a second member cut short
+    check.create_error("garbage after a member", 400, raw=gzip.compress(document) + b"not gzip",
+                       headers={"content-encoding": "gzip"}, contains=("not valid gzip data",))
+    check.create_error("second member cut short", 400, raw=spaces + gzip.compress(document)[:-4],
+                       headers={"content-encoding": "gzip"}, contains=("not complete gzip data",))
+    check.create_error("deflate stream with more after it", 400, raw=zlib.compress(document) + b"x",
+                       headers={"content-encoding": "deflate"}, contains=("after the end of its stream",))
+    check.done()
+    # Many empty members (a body of them inflates to nothing) are read in linear time
+    started = time.monotonic()
+    status, batch = harness.call("POST", "/v1/batches", raw=gzip.compress(b"") * 200_000 + gzip.compress(document),
+                                 headers={"content-encoding": "gzip"})
+    assert status == 200 and batch["request_counts"]["total"] == 1, batch
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])

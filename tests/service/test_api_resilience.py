@@ -200,3 +200,42 @@ def test_an_aws_error_that_is_our_own_mistake_stays_a_500(harness, monkeypatch):
     monkeypatch.setattr(BatchTable, "list_owner", aws_error("ValidationException", 400))
     status, body = harness.call("GET", "/v1/batches")
     assert status == 500 and body["error"]["code"] == "internal_error", body
+
+
+def test_retries_stop_in_time_to_answer_503_before_the_invocation_ends(harness, monkeypatch):
+    # Given DynamoDB throttling every call for good, each answer asking for 1 s before a retry
+    # (x-amz-retry-after): botocore alone sleeps at least 1 s before each of its 4 retries
+    import time
+
+    from botocore.awsrequest import AWSResponse
+    from freeinference_batch.core import aws
+    from freeinference_batch_local.handlers import LambdaContext
+    from moto.core.botocore_stubber import MockRawResponse
+
+    attempts: list[float] = []
+    throttle = json.dumps({"__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                           "message": "Rate of requests exceeds the allowed throughput"}).encode()
+
+    def throttled(request, **_):
+        attempts.append(time.monotonic())
+        return AWSResponse(request.url, 400, {"Content-Type": "application/x-amz-json-1.0",
+                                              "x-amz-retry-after": "1000"}, MockRawResponse(throttle))
+
+    events = aws.dynamodb().meta.events
+    events.register_first("before-send.dynamodb", throttled)
+    # And an invocation with 4.5 s left
+    monkeypatch.setattr("tests.conftest.LambdaContext", lambda name, memory, _timeout: LambdaContext(name, memory, 4.5))
+    answers = capture_answers(harness)
+    try:
+        started = time.monotonic()
+        status, body = harness.call("GET", "/v1/batches")
+        elapsed = time.monotonic() - started
+    finally:
+        events.unregister("before-send.dynamodb", throttled)
+    # Then it retries while a retry can end in time, then answers 503 with Retry-After in the
+    # spec's error shape, with 2 s still left (not after botocore's 4+ s of retries)
+    assert status == 503, body
+    assert body["error"]["code"] == "service_unavailable" and "retry" in body["error"]["message"].lower()
+    assert int(answers[-1]["headers"]["Retry-After"]) >= 1
+    assert len(attempts) >= 2, attempts
+    assert elapsed < 2.5, elapsed

@@ -15,9 +15,9 @@ NAME = "freeinference_batch"
 # The data-access package, and the module that makes the boto3 clients it uses.
 DATA_ACCESS = "store"
 CLIENT_FACTORY = "core/aws.py"
-# What core/aws.py offers besides clients: Secrets Manager through Powertools Parameters, and
-# how an AWS error reads.
-AWS_HELPERS_ANYONE_MAY_CALL = {"secret_string", "is_passing_failure", "reset_clients"}
+# What core/aws.py offers besides clients: Secrets Manager through Powertools Parameters, how an
+# AWS error reads, and the deadline an invocation's calls stop retrying by.
+AWS_HELPERS_ANYONE_MAY_CALL = {"secret_string", "is_passing_failure", "reset_clients", "deadline"}
 EXPRESSION_PARAMETERS = {"UpdateExpression", "ConditionExpression", "KeyConditionExpression", "FilterExpression",
                          "ProjectionExpression", "ExpressionAttributeNames", "ExpressionAttributeValues"}
 # The text of a DynamoDB expression: an update clause, a function of one, or a comparison with a

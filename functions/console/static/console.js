@@ -200,8 +200,13 @@
     }
     const match = location.hash.match(/^#\/batches\/([^/?#]+)$/);
     if (match) {
-      const id = decodeURIComponent(match[1]);
-      if (!BATCH_ID.test(id)) {
+      let id = null;
+      try {
+        id = decodeURIComponent(match[1]);
+      } catch (error) {
+        // A malformed escape (`%E0%A4%A`, a lone `%`) throws URIError: not a batch id either.
+      }
+      if (id === null || !BATCH_ID.test(id)) {
         showView("batches-view");
         showError("That is not a batch id.");
         loadBatches();

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -18,17 +20,56 @@ from botocore.exceptions import BotoCoreError, ClientError
 from freeinference_batch import accounts
 from freeinference_batch.batches import operations, results
 from freeinference_batch.core import aws
-from freeinference_batch.core.errors import ApiError, NotFound, ServiceUnavailable
+from freeinference_batch.core.errors import ApiError, MethodNotAllowed, NotFound, ServiceUnavailable
 from freeinference_batch.core.observability import log_status_change, logger
 from freeinference_batch.core.settings import get_settings
 from freeinference_batch.webhooks import endpoints
 
-app = APIGatewayHttpResolver(strip_prefixes=[])
+
+class _Resolver(APIGatewayHttpResolver):
+    """Powertools' resolver, which also keeps the methods each path takes: a method the path does
+    not take is answered 405 with them as `Allow` (template.yaml routes every method of a path of
+    ours here; API Gateway answers paths we do not have)."""
+
+    def __init__(self) -> None:
+        super().__init__(strip_prefixes=[])
+        self.methods: dict[str, tuple[re.Pattern[str], set[str]]] = {}
+
+    def route(self, rule: str, method: str | list[str] | tuple[str, ...], *args: Any, **kwargs: Any) -> Any:
+        # `<batch_id>` in Powertools' rule: one path segment
+        pattern = re.compile(re.sub(r"<[^>]+>", "[^/]+", rule))
+        self.methods.setdefault(rule, (pattern, set()))[1].update([method] if isinstance(method, str) else method)
+        return super().route(rule, method, *args, **kwargs)
+
+    def methods_at(self, path: str) -> list[str]:
+        return sorted({m.upper() for pattern, methods in self.methods.values() if pattern.fullmatch(path)
+                       for m in methods})
+
+
+app = _Resolver()
+
+
+def _within_the_invocations_time(router: APIGatewayHttpResolver, next_middleware: Callable[..., Response]) -> Response:
+    """Every route's AWS calls stop retrying in time for the answer to reach the caller before the
+    function's timeout (29 s) and API Gateway's 30 s: a 503 with Retry-After (`handle_aws_error`)."""
+    context = router.lambda_context
+    remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else None
+    with aws.deadline(remaining):
+        return next_middleware(router)
+
+
+app.use(middlewares=[_within_the_invocations_time])
+
+
+# On every answer: a browser must read it as the JSON it says it is, never sniff it into a page.
+_EVERY_ANSWER = {"X-Content-Type-Options": "nosniff"}
+# On an answer that carries a webhook signing secret: no cache, shared or private, may keep it.
+_NOT_STORED = {"Cache-Control": "no-store"}
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(status_code=status, content_type="application/json",
-                    body=json.dumps(body, separators=(",", ":")), headers=headers)
+                    body=json.dumps(body, separators=(",", ":")), headers={**_EVERY_ANSWER, **(headers or {})})
 
 
 def _principal() -> accounts.Principal:
@@ -105,7 +146,7 @@ def create_webhook_endpoint() -> Response:
     principal = _principal()
     endpoint = endpoints.create_endpoint(get_settings(), principal, _raw_body())
     logger.info("webhook endpoint created", extra={"endpoint_id": endpoint["id"], "account_id": principal.account_id})
-    return _json(200, endpoint)
+    return _json(200, endpoint, _NOT_STORED)
 
 
 @app.get("/v1/webhook_endpoints")
@@ -134,7 +175,7 @@ def delete_webhook_endpoint(endpoint_id: str) -> Response:
 
 @app.post("/v1/webhook_endpoints/<endpoint_id>/rotate_secret")
 def rotate_webhook_secret(endpoint_id: str) -> Response:
-    return _json(200, endpoints.rotate_secret(get_settings(), _principal(), endpoint_id, _raw_body()))
+    return _json(200, endpoints.rotate_secret(get_settings(), _principal(), endpoint_id, _raw_body()), _NOT_STORED)
 
 
 @app.post("/v1/webhook_endpoints/<endpoint_id>/test")
@@ -160,6 +201,11 @@ def handle_api_error(error: ApiError) -> Response:
 @app.not_found
 def handle_not_found(_: NotFoundError) -> Response:
     event = app.current_event
+    method = event.request_context.http.method
+    allowed = app.methods_at(event.path)
+    if allowed:
+        refusal = MethodNotAllowed(f"{method} is not a method of {event.path}; it takes {', '.join(allowed)}")
+        return _json(refusal.status, refusal.body(), {"Allow": ", ".join(allowed)})
     return _json(HTTPStatus.NOT_FOUND, NotFound(
         f"No route for {event.request_context.http.method} {event.path}; see /v1/batches",
         code="route_not_found").body())

@@ -28,6 +28,24 @@ def test_routes_come_from_the_template_http_api_events():
     } <= keys
 
 
+def test_the_template_sends_a_method_a_path_does_not_declare_to_the_api_and_unknown_paths_nowhere():
+    # Given the template's routes
+    routes = routes_from_functions(functions_from_template(load_template(REPO / "template.yaml"), REPO).values())
+    # Then a declared method takes its own route, any other its path's ANY route (the API
+    # function, which answers 405 with Allow), and a path we do not have none (API Gateway's 404)
+    assert select_route(routes, "GET", "/v1/batches")[0].route_key == "GET /v1/batches"
+    for method in ("PUT", "PATCH", "TRACE", "HEAD", "OPTIONS"):
+        assert select_route(routes, method, "/v1/batches")[0].route_key == "ANY /v1/batches"
+    assert select_route(routes, "GET", "/v1/batches/b1/cancel")[0].route_key == "ANY /v1/batches/{batch_id}/cancel"
+    assert select_route(routes, "PUT", "/v1/webhook_endpoints/we_1/test")[0].route_key \
+        == "ANY /v1/webhook_endpoints/{endpoint_id}/test"
+    assert select_route(routes, "PUT", "/v1/nothing") is None
+    assert select_route(routes, "PUT", "/v1/batches/b1/results/more") is None
+    api_any = {route.route_key for route in routes if route.method == "ANY"}
+    declared_paths = {route.path for route in routes if route.method != "ANY" and route.path.startswith("/v1/")}
+    assert api_any == {f"ANY {path}" for path in declared_paths}
+
+
 def test_most_specific_route_wins_and_default_catches_the_rest():
     handler = Recorder()
     routes = [

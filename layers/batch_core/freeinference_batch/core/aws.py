@@ -9,6 +9,9 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -16,6 +19,7 @@ import boto3
 from aws_lambda_powertools.utilities.parameters import SecretsProvider
 from botocore.config import Config
 from botocore.exceptions import (
+    BotoCoreError,
     ClientError,
     ConnectionClosedError,
     ConnectTimeoutError,
@@ -24,7 +28,8 @@ from botocore.exceptions import (
 )
 
 _lock = threading.Lock()
-_CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64)
+MAX_ATTEMPTS = 5
+_CONFIG = Config(retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"}, max_pool_connections=64)
 # A plain write to an item that a transaction is writing answers TransactionConflictException,
 # which botocore's retry modes do not retry (DynamoDB's documentation asks the caller to). It
 # was applied nowhere, so it is re-sent like a throttle: up to this many attempts in all, with
@@ -51,7 +56,17 @@ _PASSING_ERROR_CODES = frozenset({
     "SlowDown", "TransactionConflictException", "TransactionInProgressException", "InternalServerError",
     "InternalError", "ServiceUnavailable", "RequestTimeout", "RequestTimeoutException",
 })
-_PASSING_EXCEPTIONS = (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError, ConnectTimeoutError)
+_CONNECTION_FAILURES = (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError, ConnectTimeoutError)
+
+
+class OutOfTime(BotoCoreError):
+    """A call that would retry, but whose next attempt could not end before the deadline of the
+    invocation (`deadline`): the caller answers now, while the client still waits for it."""
+
+    fmt = "{operation} failed ({reason}) and the invocation has no time left to retry it"
+
+
+_PASSING_EXCEPTIONS = (*_CONNECTION_FAILURES, OutOfTime)
 
 
 def is_passing_failure(error: BaseException) -> bool:
@@ -66,10 +81,66 @@ def is_passing_failure(error: BaseException) -> bool:
     return code in _PASSING_ERROR_CODES or int(status) >= 500
 
 
+# ---- an invocation's deadline ---------------------------------------------------------------
+# botocore's standard mode knows nothing of the caller: its backoff (full jitter up to 1, 2, 4 and
+# 8 s for a throttle, raised to a server's x-amz-retry-after up to 5 s more) can outlast the API
+# function's 29 s timeout and API Gateway's 30 s, and the client then gets a bare 503 or 504 with
+# nothing logged. Within `deadline`, a call gives up retrying as soon as the longest delay botocore
+# may take plus this reserve (the next attempt, the rest of the request, the answer) no longer fit.
+ANSWER_RESERVE_SECONDS = 2.0
+_BACKOFF_CEILING_SECONDS = 20.0  # botocore's ExponentialBackoff._MAX_BACKOFF
+_RETRY_AFTER_EXTRA_SECONDS = 5.0  # its _RETRY_AFTER_MAX_ADDITIONAL
+_invocation = threading.local()  # per thread: an in-process local stack runs other functions beside
+
+
+@contextmanager
+def deadline(remaining_seconds: float | None) -> Iterator[None]:
+    """Within it, this thread's AWS calls stop retrying (raising `OutOfTime`) rather than run past
+    `remaining_seconds` from now; None: no deadline."""
+    _invocation.deadline = None if remaining_seconds is None else time.monotonic() + remaining_seconds
+    try:
+        yield
+    finally:
+        _invocation.deadline = None
+
+
+def _longest_delay(attempts: int, http_response: Any) -> float:
+    """The most botocore's standard mode may sleep after attempt `attempts` (1-based) failed."""
+    ceiling = min(2.0 ** (attempts - 1), _BACKOFF_CEILING_SECONDS)  # a throttle's: the longest
+    retry_after = getattr(http_response, "headers", {}).get("x-amz-retry-after")
+    if retry_after is not None and retry_after.isdigit():
+        return max(ceiling, min(int(retry_after) / 1000, ceiling + _RETRY_AFTER_EXTRA_SECONDS))
+    return ceiling
+
+
+def give_up_at_the_deadline(response: Any = None, caught_exception: BaseException | None = None,
+                            attempts: int = 1, operation: Any = None, **_: Any) -> None:
+    """A `needs-retry` handler, called before botocore's own: raises `OutOfTime` instead of a
+    retry that could not end in time. It never retries anything itself (answers None)."""
+    ends = getattr(_invocation, "deadline", None)
+    if ends is None or attempts >= max(MAX_ATTEMPTS, CONFLICT_ATTEMPTS):
+        return None  # no deadline, or botocore gives up by itself (and its error is answered)
+    if caught_exception is not None:
+        if not isinstance(caught_exception, _CONNECTION_FAILURES):
+            return None
+        reason, http_response = type(caught_exception).__name__, None
+    else:
+        http_response, parsed = response or (None, {})
+        error = (parsed or {}).get("Error", {}).get("Code", "")
+        status = int((parsed or {}).get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if error not in _PASSING_ERROR_CODES and status < 500:
+            return None
+        reason = error or f"HTTP {status}"
+    if ends - time.monotonic() - _longest_delay(attempts, http_response) < ANSWER_RESERVE_SECONDS:
+        raise OutOfTime(operation=getattr(operation, "name", "an AWS call"), reason=reason)
+    return None
+
+
 @cache
 def _client(service: str) -> Any:
     with _lock:  # boto3's default session is not thread-safe while it creates clients
         client = boto3.session.Session().client(service, config=_CONFIG)
+    client.meta.events.register_first("needs-retry", give_up_at_the_deadline)
     if service == "dynamodb":
         # After botocore's own handler, which answers None for an error it does not retry.
         client.meta.events.register("needs-retry.dynamodb", retry_transaction_conflict)

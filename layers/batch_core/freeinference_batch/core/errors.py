@@ -46,6 +46,13 @@ class NotFound(ApiError):
     code = "not_found"
 
 
+class MethodNotAllowed(ApiError):
+    """A method the path does not take; the API sends the ones it does as `Allow`."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
 class Conflict(ApiError):
     status = 409
     error_type = "conflict_error"
