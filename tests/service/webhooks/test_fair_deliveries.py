@@ -1,5 +1,5 @@
 """Webhook work that a user's receiver cannot stretch, on moto (webhooks/delivery.py, endpoints.py,
-functions/webhook_delivery/app.py): an endpoint's attempts in flight are capped, a slow 500 marks
+functions/webhook_delivery/app.py): an account's attempts in flight are capped, a slow 500 marks
 it unreachable, a record cut off by the invocation's end backs off with a visibility of its own
 (and no thread outlives the invocation), and `/test` is rate-limited per endpoint and bounded in
 time."""
@@ -77,15 +77,17 @@ def message(harness, endpoint_id: str) -> WebhookDeliveryMessage:
                                   queued_at=clock.now(harness.settings.clock_offset_file))
 
 
-def test_an_endpoint_has_at_most_its_slots_in_flight(harness, receiver) -> None:
-    harness.configure(WEBHOOK_ALLOW_LOOPBACK_HTTP="true", WEBHOOK_ENDPOINT_MAX_IN_FLIGHT=1)
+def test_an_account_has_at_most_its_slots_in_flight(harness, receiver) -> None:
+    harness.configure(WEBHOOK_ALLOW_LOOPBACK_HTTP="true", WEBHOOK_ACCOUNT_MAX_IN_FLIGHT=1)
     url, came = receiver(lambda conn: conn.sendall(OK))
     endpoint_id = create_endpoint(harness, url)
     store, now = WebhookEndpoints(harness.settings), clock.now(harness.settings.clock_offset_file)
-    # Another environment's attempt holds the endpoint's one slot
-    assert store.claim_slot("acct-1", endpoint_id, 1, now, now + 30) == 0
+    # Another environment's attempt (to any of the account's endpoints) holds its one slot
+    assert store.claim_slot("acct-1", 1, now, now + 30) == 0
     verdict = delivery.deliver(harness.settings, message(harness, endpoint_id), 1)
-    assert verdict.why == "endpoint busy" and verdict.delay and not came, verdict
+    assert verdict.why == "account busy" and verdict.delay and not came, verdict
+    # Another account's slots are its own
+    assert store.claim_slot("acct-2", 1, now, now + 30) == 0
     # Its lease over, the slot is free again; an attempt frees the slot it took
     harness.advance_clock(31)
     for _ in range(2):

@@ -98,10 +98,9 @@ class Settings(BaseSettings):
     # jittered.
     webhook_timeout_seconds: float = Field(10.0, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
     webhook_resolve_timeout_seconds: float = Field(2.0, alias="WEBHOOK_RESOLVE_TIMEOUT_SECONDS", gt=0)
-    # One endpoint's attempts in flight at once, over every delivery function environment (so one
-    # account's, with WEBHOOK_MAX_ENDPOINTS, is bounded too), and the least time between two of
-    # its test deliveries (`/test`).
-    webhook_endpoint_max_in_flight: int = Field(2, alias="WEBHOOK_ENDPOINT_MAX_IN_FLIGHT", ge=1, le=10)
+    # One account's delivery attempts in flight at once, over every delivery function environment,
+    # and the least time between two test deliveries (`/test`) of one endpoint.
+    webhook_account_max_in_flight: int = Field(3, alias="WEBHOOK_ACCOUNT_MAX_IN_FLIGHT", ge=1, le=10)
     webhook_test_interval_seconds: float = Field(10.0, alias="WEBHOOK_TEST_INTERVAL_SECONDS", ge=0)
     webhook_retry_window_seconds: float = Field(86400.0, alias="WEBHOOK_RETRY_WINDOW_SECONDS", gt=0)
     webhook_retry_base_seconds: float = Field(30.0, alias="WEBHOOK_RETRY_BASE_SECONDS", ge=0)

@@ -19,10 +19,10 @@ Fair between accounts:
 - An endpoint that does not answer (timeout, refused connection) or answers slowly and not with a
   2xx (more than half the deadline: a 500 after 9.9 s) is marked unreachable for the next retry
   delay: other deliveries to it then wait without connecting.
-- An endpoint has at most `WEBHOOK_ENDPOINT_MAX_IN_FLIGHT` (2) attempts in flight over every
-  environment (leased slots on its item); a delivery that finds them taken waits about one
-  attempt, without connecting. With `WEBHOOK_MAX_ENDPOINTS` (5), one account's endpoints hold at
-  most 10 of the deliveries' 100 threads (10 environments x 10 records), however slow they are.
+- An account has at most `WEBHOOK_ACCOUNT_MAX_IN_FLIGHT` (3) attempts in flight over every
+  environment (leased slots on its `WEBHOOKS` item); a delivery that finds them taken waits about
+  one attempt, without connecting. So one account's endpoints, however slow, hold at most 3 of the
+  10 delivery environments (an environment is held until its slowest record is done).
 - The records of one invocation are delivered concurrently (functions/webhook_delivery/app.py),
   so a slow endpoint does not hold up another account's event in the same batch either.
 """
@@ -108,7 +108,7 @@ class Verdict:
 
 
 def _busy_wait(settings: Settings) -> float:
-    """How long a delivery waits when its endpoint's slots are all taken: about one attempt."""
+    """How long a delivery waits when its account's slots are all taken: about one attempt."""
     return settings.webhook_timeout_seconds * (0.5 + random.random())
 
 
@@ -139,18 +139,17 @@ def deliver(settings: Settings, message: WebhookDeliveryMessage, receive_count: 
         seconds = min(seconds, budget - (time.monotonic() - started) - SLOT_RELEASE_SECONDS)
     # The slot's lease outlasts the attempt (and its release) whatever happens to this environment.
     lease_until = now + max(seconds, 0) + SLOT_RELEASE_SECONDS
-    slot = endpoints.claim_slot(message.account_id, message.endpoint_id, settings.webhook_endpoint_max_in_flight,
-                                now, lease_until)
+    slot = endpoints.claim_slot(message.account_id, settings.webhook_account_max_in_flight, now, lease_until)
     if slot is None:
-        # This endpoint has as many attempts in flight as it may: one account's slow endpoints take
-        # a bounded share of the deliveries, not all of them. Not an attempt.
-        return wait(_busy_wait(settings), "endpoint busy")
+        # The account has as many attempts in flight as it may: its slow endpoints take a bounded
+        # share of the deliveries, not all of them. Not an attempt.
+        return wait(_busy_wait(settings), "account busy")
     try:
         body = event_body(message.event_id, message.event_type, message.batch_id, message.created_at)
         answer = attempt(settings, endpoint, message.event_id, body, resolver, seconds) if seconds > 0 else \
             sender.Answer(status=None, failure="no time left in this invocation")
     finally:
-        endpoints.release_slot(message.account_id, message.endpoint_id, slot, lease_until)
+        endpoints.release_slot(message.account_id, slot, lease_until)
     if answer.delivered:
         return Verdict(done=True, why=f"delivered ({answer.status})")
     why = f"answered {answer.status}" if answer.status is not None else answer.failure
