@@ -262,7 +262,9 @@ def harness(request, monkeypatch, tmp_path, upstream):
         resources.create_all()
         env, _ = template_environment(template, resources)
         env.update(UPSTREAM_BASE_URL=upstream[1], BATCH_CLOCK_OFFSET_FILE=clock_file,
-                   BATCH_RETRY_BASE_SECONDS="0.01", BATCH_UPSTREAM_TIMEOUT_SECONDS="2")
+                   BATCH_RETRY_BASE_SECONDS="0.01", BATCH_UPSTREAM_TIMEOUT_SECONDS="2",
+                   # the tests' loopback receivers listen on whatever port was free
+                   WEBHOOK_LOOPBACK_PORTS="1024-65535")
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         get_settings.cache_clear()

@@ -1,11 +1,13 @@
 """Webhook delivery function: an SQS batch of deliveries -> partial batch response.
 
 The records are delivered concurrently, one thread each, so that an endpoint that hangs for its
-whole timeout does not hold up the other records' endpoints. A record "fails" (stays on the
+whole deadline does not hold up the other records' endpoints; every attempt ends by its deadline,
+within the invocation (webhooks/delivery.py). A record "fails" (stays on the
 queue) when it waits for its next attempt: its visibility was already set to when.
 """
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from aws_lambda_powertools.utilities.batch import (
@@ -33,21 +35,19 @@ ANSWER_MARGIN_SECONDS = 5.0
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
     processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
-    # A receiver that trickles its answer can hold a thread past every per-read timeout: the
-    # records still running when the invocation must answer are reported failed (they come back
-    # after the queue's visibility timeout, with the same webhook-id) instead of failing the
-    # whole batch with a timed-out invocation. So no `with`: its exit would wait for them.
-    budget = max(1.0, context.get_remaining_time_in_millis() / 1000 - ANSWER_MARGIN_SECONDS)
-    executor = ThreadPoolExecutor(max_workers=max(1, len(event.get("Records", []))))
-    try:
+    # Every attempt ends by the deadline it is given (webhooks/sender.py: connect, TLS and the
+    # answer's head within one total, whatever a receiver trickles), and none is given more than
+    # the invocation has left: so the executor's exit waits for threads that end on time, and no
+    # attempt runs on into the next invocation. An attempt cut short backs off like any failed one.
+    deadline = time.monotonic() + max(1.0, context.get_remaining_time_in_millis() / 1000 - ANSWER_MARGIN_SECONDS)
+    with ThreadPoolExecutor(max_workers=max(1, len(event.get("Records", [])))) as executor:
 
         async def handle_record(record: SQSRecord) -> None:
-            done = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                executor, delivery.handle_record, get_settings(), record.raw_event), budget)
+            done = await asyncio.get_running_loop().run_in_executor(
+                executor, lambda: delivery.handle_record(get_settings(), record.raw_event,
+                                                         budget=deadline - time.monotonic()))
             if not done:
                 raise DeliveryWaits(record.message_id)
 
         return async_process_partial_response(event=event, record_handler=handle_record, processor=processor,
                                               context=context)
-    finally:
-        executor.shutdown(wait=False, cancel_futures=True)

@@ -292,6 +292,8 @@ def launch_stack(cwd: Path, *, verbose: bool = False, **env_overrides: str) -> S
             "PYTHONUNBUFFERED": "1",
             "FREEINFERENCE_REPO_ROOT": str(REPO),
             "BATCH_CLOCK_OFFSET_FILE": str(cwd / "clock-offset"),
+            # The tests' loopback webhook receivers listen on whatever port was free.
+            "WEBHOOK_LOOPBACK_PORTS": "1024-65535",
         }
     )
     env.update({name: str(value) for name, value in env_overrides.items()})

@@ -193,7 +193,7 @@ def list_webhook_event_types() -> Response:
 def handle_api_error(error: ApiError) -> Response:
     if error.status >= 500:
         logger.error("api error", extra={"status": error.status, "code": error.code})
-    if isinstance(error, ServiceUnavailable):
+    if error.retry_after is not None:
         return _json(error.status, error.body(), {"Retry-After": str(error.retry_after)})
     return _json(error.status, error.body())
 

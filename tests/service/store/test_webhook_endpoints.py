@@ -7,7 +7,7 @@ from __future__ import annotations
 from freeinference_batch.store import webhook_endpoints
 from freeinference_batch.store.dynamo import TransactionConflict
 
-ENDPOINT = {"url": "http://127.0.0.1:9/hook", "name": "hook", "event_types": ["batch.completed"]}
+ENDPOINT = {"url": "http://127.0.0.1:9009/hook", "name": "hook", "event_types": ["batch.completed"]}
 
 
 def conflicting(*_: object, **__: object) -> None:

@@ -11,13 +11,18 @@ class ApiError(Exception):
     status: int = 400
     error_type: str = "invalid_request_error"
     code: str | None = None
+    # Seconds after which the same call may succeed, sent as Retry-After (a 429's, a 503's).
+    retry_after: int | None = None
 
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
         self.param = param
+        if retry_after is not None:
+            self.retry_after = retry_after
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.error_type, "code": self.code, "param": self.param}}
@@ -88,8 +93,7 @@ class ServiceUnavailable(ApiError):
     code = "service_unavailable"
 
     def __init__(self, message: str, *, retry_after: int = 1, code: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.retry_after = retry_after
+        super().__init__(message, code=code, retry_after=retry_after)
 
 
 # How long a caller waits before retrying a write that conflicting writes kept cancelling.

@@ -87,11 +87,21 @@ class Settings(BaseSettings):
     # The local stack only: http:// and https:// to the literal hosts 127.0.0.1, ::1 and localhost
     # (a developer's own receiver). Off in the template: deployed, a URL must be https to a public address.
     webhook_allow_loopback_http: bool = Field(False, alias="WEBHOOK_ALLOW_LOOPBACK_HTTP")
+    # ...and on these loopback ports only ("9000-9999,8000"): not the stack's own, nor any other
+    # service's on the machine.
+    webhook_loopback_ports: str = Field("9000-9999", alias="WEBHOOK_LOOPBACK_PORTS",
+                                        pattern=r"^\s*(\d{1,5}(-\d{1,5})?\s*(,\s*\d{1,5}(-\d{1,5})?\s*)*)?$")
     webhook_max_endpoints: int = Field(5, alias="WEBHOOK_MAX_ENDPOINTS", ge=1)
-    # One attempt's timeout (connect, and each read), and how long an event is retried in all
-    # before it goes to the dead-letter queue; the wait before attempt n is about
-    # min(base * 2^(n-1), max), jittered.
+    # One attempt's deadline in all (connecting, TLS, sending, the status line and headers), the
+    # part of it a host name may take to resolve, and how long an event is retried in all before
+    # it goes to the dead-letter queue; the wait before attempt n is about min(base * 2^(n-1), max),
+    # jittered.
     webhook_timeout_seconds: float = Field(10.0, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
+    webhook_resolve_timeout_seconds: float = Field(2.0, alias="WEBHOOK_RESOLVE_TIMEOUT_SECONDS", gt=0)
+    # One account's delivery attempts in flight at once, over every delivery function environment,
+    # and the least time between two test deliveries (`/test`) of one endpoint.
+    webhook_account_max_in_flight: int = Field(3, alias="WEBHOOK_ACCOUNT_MAX_IN_FLIGHT", ge=1, le=10)
+    webhook_test_interval_seconds: float = Field(10.0, alias="WEBHOOK_TEST_INTERVAL_SECONDS", ge=0)
     webhook_retry_window_seconds: float = Field(86400.0, alias="WEBHOOK_RETRY_WINDOW_SECONDS", gt=0)
     webhook_retry_base_seconds: float = Field(30.0, alias="WEBHOOK_RETRY_BASE_SECONDS", ge=0)
     # A wait is a visibility timeout, which SQS counts from the message's receive and caps.

@@ -5,7 +5,9 @@
 | `ACCOUNT#<id>` | `WEBHOOK#<endpoint id>` | url, name, event types, the secret's nonce (never the |
 |  |  | secret: webhooks/signing.py), the previous nonce and until when it still signs, |
 |  |  | `unreachable_until`; `deleted_at` and `ttl` once deleted |
-| `ACCOUNT#<id>` | `WEBHOOKS` | `count`: the account's endpoints not deleted (at most `WEBHOOK_MAX_ENDPOINTS`) |
+|  |  | `last_test_at` and `test_token` (the last `/test`) |
+| `ACCOUNT#<id>` | `WEBHOOKS` | `count`: the account's endpoints not deleted (at most `WEBHOOK_MAX_ENDPOINTS`); |
+|  |  | `flight_<k>`: until when the account's delivery slot k is taken (`WEBHOOK_ACCOUNT_MAX_IN_FLIGHT`) |
 
 A delete marks the item (and TTL removes it two days later) instead of deleting it: the roles
 may not delete items one by one, and a delivery still queued reads the mark and stops. Every
@@ -15,6 +17,7 @@ it after a lost answer: create and delete carry a token the item keeps, rotate t
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -172,6 +175,52 @@ class WebhookEndpoints:
         does not answer (a delete or a later success is not undone: only the time is set)."""
         self._update(account_id, endpoint_id, "SET unreachable_until = :until",
                      "attribute_exists(pk) AND attribute_not_exists(deleted_at)", None, until=until)
+
+    def claim_test(self, account_id: str, endpoint_id: str, now: float, interval: float, token: str) -> float:
+        """Take the endpoint's test delivery turn: 0 when taken, else the seconds until the next
+        one may be. (A re-sent write whose first answer was lost finds its own token.)"""
+        claimed = self._update(account_id, endpoint_id, "SET last_test_at = :now, test_token = :token",
+                               "attribute_exists(pk) AND attribute_not_exists(deleted_at) AND "
+                               "(attribute_not_exists(last_test_at) OR last_test_at <= :since)",
+                               None, now=now, token=token, since=now - interval)
+        if claimed is not None:
+            return 0.0
+        answer = aws.dynamodb().get_item(TableName=self.table, Key=_key(account_id, endpoint_id), ConsistentRead=True)
+        item = from_item(answer.get("Item")) or {}
+        if item.get("test_token") == token or "last_test_at" not in item:
+            return 0.0  # ours, or gone meanwhile (the attempt finds out)
+        return max(0.0, float(item["last_test_at"]) + interval - now)
+
+    def claim_slot(self, account_id: str, slots: int, now: float, until: float) -> int | None:
+        """Take one of the account's `slots` delivery slots until `until` (a conditional write on a
+        slot free or expired, tried in a random order): its number, or None when all are taken.
+        A lease, not a count: a crashed attempt's slot, or one whose answer was lost (its re-sent
+        write finds it taken), frees itself at `until`."""
+        for slot in random.sample(range(slots), slots):
+            try:
+                aws.dynamodb().update_item(
+                    TableName=self.table, Key=key(_pk(account_id), "WEBHOOKS"),
+                    UpdateExpression="SET #slot = :until",
+                    ConditionExpression="attribute_not_exists(#slot) OR #slot <= :now",
+                    ExpressionAttributeNames={"#slot": f"flight_{slot}"},
+                    ExpressionAttributeValues=values(until=until, now=now))
+            except ClientError as error:
+                if is_conditional_failure(error):
+                    continue
+                raise
+            return slot
+        return None
+
+    def release_slot(self, account_id: str, slot: int, until: float) -> None:
+        """Free a slot this attempt took (`until` is its lease: another's is left alone)."""
+        try:
+            aws.dynamodb().update_item(
+                TableName=self.table, Key=key(_pk(account_id), "WEBHOOKS"), UpdateExpression="SET #slot = :zero",
+                ConditionExpression="#slot = :until", ExpressionAttributeNames={"#slot": f"flight_{slot}"},
+                ExpressionAttributeValues=values(zero=0, until=until))
+        except ClientError as error:
+            if not is_conditional_failure(error):
+                raise
 
     def _update(self, account_id: str, endpoint_id: str, expression: str, condition: str,
                 names: dict[str, str] | None, **named: Any) -> EndpointRecord | None:

@@ -10,6 +10,7 @@ rules are urls.py's, the secret signing.py's, the deliveries delivery.py's.
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 from typing import TypeVar
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from freeinference_batch.accounts import Principal
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import load_catalog
-from freeinference_batch.core.errors import BadRequest, Forbidden, NotFound, busy
+from freeinference_batch.core.errors import BadRequest, Forbidden, NotFound, TooManyRequests, busy
 from freeinference_batch.core.schemas import (
     DeletedWebhookEndpoint,
     WebhookCreateBody,
@@ -85,9 +86,9 @@ def _event_types(given: list[str]) -> list[str]:
     return list(dict.fromkeys(given))
 
 
-def _checked_url(settings: Settings, url: str, resolver: urls.Resolver) -> str:
+def _checked_url(settings: Settings, url: str, resolver: urls.Resolver | None) -> str:
     try:
-        urls.check_url(url, allow_loopback_http=settings.webhook_allow_loopback_http, resolver=resolver)
+        delivery.check(settings, url, resolver)
     except urls.UrlRefused as refused:
         raise BadRequest(f"The webhook URL is refused: {refused}", param="url") from None
     return url
@@ -114,7 +115,7 @@ def _owned(settings: Settings, principal: Principal, endpoint_id: str) -> Endpoi
 
 
 def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
-                    resolver: urls.Resolver = urls.system_resolver) -> dict:
+                    resolver: urls.Resolver | None = None) -> dict:
     _may_manage(settings, principal)
     body = _body(raw, WebhookCreateBody)
     event_types = _event_types(body.event_types)
@@ -154,7 +155,7 @@ def get_endpoint(settings: Settings, principal: Principal, endpoint_id: str) -> 
 
 
 def update_endpoint(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes,
-                    resolver: urls.Resolver = urls.system_resolver) -> dict:
+                    resolver: urls.Resolver | None = None) -> dict:
     record = _owned(settings, principal, endpoint_id)
     body = _body(raw, WebhookUpdateBody)
     fields: dict[str, object] = {}
@@ -202,14 +203,24 @@ def rotate_secret(settings: Settings, principal: Principal, endpoint_id: str, ra
 
 
 def test_endpoint(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes,
-                  resolver: urls.Resolver = urls.system_resolver) -> dict:
-    """Send one signed test event now and answer the receiver's status code. A delivery that got
-    no HTTP answer (a refused connection, no answer within the timeout, a URL refused now) is a
-    400 saying which: OpenAI's test result has no place for "no status"."""
+                  resolver: urls.Resolver | None = None) -> dict:
+    """Send one signed test event now and answer the receiver's status code, within the attempt's
+    deadline (WEBHOOK_TIMEOUT_SECONDS in all). A delivery that got no HTTP answer (a refused
+    connection, no answer in time, a URL refused now) is a 400 saying which: OpenAI's test result
+    has no place for "no status". At most one per endpoint per WEBHOOK_TEST_INTERVAL_SECONDS (429)."""
     record = _owned(settings, principal, endpoint_id)
     body = _body(raw, WebhookTestBody)
     event_type = _event_types([body.event_type])[0]
     now = int(clock.now(settings.clock_offset_file))
+    # One test delivery per endpoint per interval: the route is otherwise a POST source at the
+    # API's rate that tells its caller the status code.
+    interval = settings.webhook_test_interval_seconds
+    wait = WebhookEndpoints(settings).claim_test(principal.account_id, endpoint_id,
+                                                 clock.now(settings.clock_offset_file), interval, secrets.token_hex(8))
+    if wait > 0:
+        retry_after = max(1, math.ceil(wait))
+        raise TooManyRequests(f"This endpoint was tested less than {interval:g} s ago; try again in {retry_after} s",
+                              code="webhook_test_rate_limited", retry_after=retry_after)
     event_id = "evt_test_" + secrets.token_hex(12)
     answer = delivery.attempt(settings, record, event_id,
                                       delivery.event_body(event_id, event_type, TEST_BATCH_ID, now), resolver)

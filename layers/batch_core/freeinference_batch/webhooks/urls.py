@@ -1,46 +1,129 @@
-"""Which webhook URLs we may call, and calling one at exactly the address that was checked.
+"""Which webhook URLs we may call, and the address to call each one at.
 
 A webhook URL is chosen by a user and called by us from inside AWS, so it must not reach what
 only we can reach (the instance metadata service at 169.254.169.254, a VPC's private addresses,
 loopback). `check_url` refuses, at registration and again before every delivery:
 
 - any scheme but `https` (the local stack's setting `WEBHOOK_ALLOW_LOOPBACK_HTTP` also allows
-  `http` to the literal hosts 127.0.0.1, ::1 and localhost, so a developer can receive events);
+  `http` to the literal hosts 127.0.0.1, ::1 and localhost, so a developer can receive events,
+  on the ports `WEBHOOK_LOOPBACK_PORTS` names only: the stack's own services and whatever else
+  listens on the machine are not a key holder's to POST to);
 - credentials in the URL (`https://user:pass@...`);
 - a host that resolves to any address that is not public: private, loopback, link-local,
   multicast, reserved, unspecified, shared (100.64/10) ... (`ipaddress`'s `is_global`), an
   IPv4-mapped IPv6 address judged as the IPv4 address it maps. Every address the name resolves to
-  is checked, not one: a name with a public and a private address is refused.
+  is checked, not one: a name with a public and a private address is refused. The message says
+  which kind of address, never the address (that would map a VPC's private zones for anyone).
 
-`post` then connects to the checked address itself (TLS still verified against the URL's host
-name, sent as SNI and Host), so a name that resolves to something else a moment later (DNS
-rebinding) changes nothing. Redirects are never followed. The resolver is a parameter so that
-tests can make a name resolve anywhere without a DNS server.
+Names are resolved by dnspython within a deadline (`getaddrinfo` has none, and a thread stuck in
+it cannot be stopped); an international name is resolved, and called, as its `xn--` (IDNA) form;
+numeric IPv4 forms (`127.1`, `0x7f000001`, `2130706433`) are read as the C library reads them,
+without DNS. The sender (sender.py) then connects to the checked address itself (TLS still
+verified against the URL's host name, sent as SNI and Host), so a name that resolves to something
+else a moment later (DNS rebinding) changes nothing. Redirects are never followed. The resolver is
+a parameter so that tests can make a name resolve anywhere without a DNS server.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import urlsplit
 
-import requests
-from requests.adapters import HTTPAdapter
+import dns.exception
+import dns.resolver
+import idna
 
 MAX_URL_LENGTH = 2048
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 # The ports an https receiver may listen on (the common TLS ones).
 WEBHOOK_PORTS = frozenset({443, 8443})
+# How long a name may take to resolve (both its A and AAAA records) unless told otherwise.
+RESOLVE_SECONDS = 2.0
+_NUMERIC_IPV4 = re.compile(r"[0-9a-fA-FxX.]+")
 
-# host, port -> the addresses it resolves to.
+# host, port -> the addresses it resolves to; OSError when it cannot say.
 Resolver = Callable[[str, int], list[str]]
 
 
-def system_resolver(host: str, port: int) -> list[str]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
+class ResolveTimeout(OSError):
+    """The name did not resolve within its deadline."""
+
+
+@lru_cache(maxsize=1)
+def _dns() -> dns.resolver.Resolver:
+    return dns.resolver.Resolver()  # /etc/resolv.conf, read once per environment
+
+
+def dns_resolver(lifetime: float = RESOLVE_SECONDS) -> Resolver:
+    """A resolver that answers within `lifetime` seconds in all (A, then AAAA with what is left)."""
+
+    def resolve(host: str, port: int) -> list[str]:
+        deadline = time.monotonic() + lifetime
+        try:
+            resolver = _dns()
+        except dns.exception.DNSException as error:
+            raise OSError(f"no resolver ({type(error).__name__})") from None
+        addresses: list[str] = []
+        for record_type in ("A", "AAAA"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResolveTimeout
+            try:
+                answer = resolver.resolve(host, record_type, lifetime=left, search=False)
+            except dns.resolver.NoAnswer:
+                continue
+            except dns.resolver.NXDOMAIN:
+                return []
+            except dns.exception.Timeout:
+                raise ResolveTimeout from None
+            except dns.exception.DNSException as error:
+                raise OSError(type(error).__name__) from None
+            addresses += [record.address for record in answer]
+        return addresses
+
+    return resolve
+
+
+system_resolver: Resolver = dns_resolver()
+
+
+def parse_ports(text: str) -> tuple[range, ...]:
+    """`WEBHOOK_LOOPBACK_PORTS`: ports and ranges, as "9000-9999,8000"."""
+    ranges = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, _, high = part.partition("-")
+        ranges.append(range(int(low), int(high or low) + 1))
+    return tuple(ranges)
+
+
+def _literal(host: str) -> list[str] | None:
+    """The address a host that is an address literal names (IPv6, dotted IPv4, and the C library's
+    other IPv4 forms), or None for a name."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    if _NUMERIC_IPV4.fullmatch(host):
+        try:
+            return [socket.inet_ntoa(socket.inet_aton(host))]
+        except OSError:
+            return None
+    return None
+
+
+def _ascii_host(host: str) -> str:
+    if host.isascii():
+        return host
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError:
+        raise UrlRefused("its host is not a valid international domain name") from None
 
 
 class UrlRefused(ValueError):
@@ -53,7 +136,7 @@ class CheckedUrl:
 
     url: str
     scheme: str
-    host: str
+    host: str  # ASCII: an international name in its xn-- form
     port: int
     address: str
     target: str  # path and query, as sent in the request line
@@ -86,7 +169,8 @@ def _not_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str |
     return None if address.is_global else "reserved"
 
 
-def check_url(url: str, *, allow_loopback_http: bool, resolver: Resolver = system_resolver) -> CheckedUrl:
+def check_url(url: str, *, allow_loopback_http: bool, resolver: Resolver = system_resolver,
+              loopback_ports: tuple[range, ...] = ()) -> CheckedUrl:
     """The URL and the address to call it at, or UrlRefused saying why not."""
     if len(url) > MAX_URL_LENGTH:
         raise UrlRefused(f"it is longer than {MAX_URL_LENGTH} characters")
@@ -102,81 +186,37 @@ def check_url(url: str, *, allow_loopback_http: bool, resolver: Resolver = syste
         raise UrlRefused("it must not hold credentials (user:password@)")
     if parts.fragment:
         raise UrlRefused("it must not have a #fragment")
+    host = _ascii_host(host)
     loopback_allowed = allow_loopback_http and host in LOOPBACK_HOSTS
     if parts.scheme != "https" and not loopback_allowed:
         raise UrlRefused("it must use https://")
     port = port_given or (443 if parts.scheme == "https" else 80)
+    if loopback_allowed and not any(port in allowed for allowed in loopback_ports):
+        # Whatever else listens on the developer's machine (the local stack's own services
+        # among it) is not a key holder's to POST to, least of all with LOCAL_STACK_HOST=0.0.0.0.
+        named = ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) for r in loopback_ports)
+        raise UrlRefused(f"a loopback receiver's port must be one of WEBHOOK_LOOPBACK_PORTS ({named or 'none'}; "
+                         f"got {port})")
     if not loopback_allowed and port not in WEBHOOK_PORTS:
         # Any other port would let a key holder probe services on public hosts from our
         # addresses, the test route telling open from closed.
         raise UrlRefused(f"its port must be one of {', '.join(map(str, sorted(WEBHOOK_PORTS)))} (got {port})")
+    literal = ["127.0.0.1", "::1"] if host == "localhost" else _literal(host)
     try:
-        addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in resolver(host, port)]
+        found = literal if literal is not None else resolver(host, port)
+        addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]
+    except ResolveTimeout:
+        raise UrlRefused(f"its host {host} did not resolve in time") from None
     except (OSError, ValueError):
         addresses = []
     if not addresses:
         raise UrlRefused(f"its host {host} does not resolve to any address")
-    for address in addresses:
-        if loopback_allowed:
-            if not address.is_loopback:
-                raise UrlRefused(f"its host {host} resolves to {address}, which is not a loopback address")
-            continue
+    for address in [] if loopback_allowed else addresses:  # loopback hosts are literals, never resolved
         kind = _not_public(address)
         if kind is not None:
             article = "an" if kind[0] in "aeiou" else "a"
-            raise UrlRefused(f"its host {host} resolves to {address}, {article} {kind} address")
+            raise UrlRefused(f"its host {host} resolves to {article} {kind} address")
     # IPv4 first: Lambda functions outside a VPC have no IPv6 egress.
     address = str(sorted(addresses, key=lambda a: a.version)[0])
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return CheckedUrl(url=url, scheme=parts.scheme, host=host, port=port, address=address, target=target)
-
-
-class _PinnedAdapter(HTTPAdapter):
-    """Connects to the URL's IP address literal, but verifies the certificate of, and sends SNI
-    for, the host name that was checked."""
-
-    def __init__(self, host: str) -> None:
-        self._host = host
-        super().__init__(max_retries=0)
-
-    def init_poolmanager(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        kwargs["server_hostname"] = self._host
-        kwargs["assert_hostname"] = self._host
-        super().init_poolmanager(*args, **kwargs)
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What one attempt got: a status, or the reason there was none (`status` is None)."""
-
-    status: int | None
-    failure: str = ""
-    # The attempt could not reach the receiver (timeout, refused connection): the endpoint is
-    # probably down, and other deliveries to it should not spend their time finding that out.
-    unreachable: bool = False
-
-    @property
-    def delivered(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
-
-
-def post(checked: CheckedUrl, body: bytes, headers: dict[str, str], timeout: float) -> Answer:
-    """POST `body` to the checked address; never follows a redirect (a 3xx is not delivered)."""
-    literal = f"[{checked.address}]" if ":" in checked.address else checked.address
-    url = f"{checked.scheme}://{literal}:{checked.port}{checked.target}"
-    with requests.Session() as session:
-        session.trust_env = False  # no proxy from the environment: we call the checked address
-        session.mount(f"{checked.scheme}://", _PinnedAdapter(checked.host))
-        try:
-            # The status line is the whole answer we need: the body is never read (a receiver
-            # trickling one would hold the attempt a timeout per read), the connection just closed.
-            with session.post(url, data=body, headers={**headers, "Host": checked.host_header},
-                              timeout=timeout, allow_redirects=False, stream=True) as response:
-                return Answer(status=response.status_code)
-        except (requests.Timeout, requests.ConnectionError):
-            # One message for both: telling a refused connection from a silent one would make the
-            # test route a port scanner.
-            return Answer(status=None, failure=f"no answer within {timeout:g} s, or the connection was refused",
-                          unreachable=True)
-        except requests.RequestException as error:
-            return Answer(status=None, failure=f"the request failed ({type(error).__name__})")
