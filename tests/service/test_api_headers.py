@@ -9,7 +9,7 @@ from tests.conftest import capture_answers
 from tests.service.helpers import ERROR_FIELDS, req
 
 MISSING = "batch_" + "0" * 32
-ENDPOINT = {"url": "http://127.0.0.1:9/hook", "name": "hook", "event_types": ["batch.completed"]}
+ENDPOINT = {"url": "http://127.0.0.1:9999/hook", "name": "hook", "event_types": ["batch.completed"]}
 
 
 def test_every_answer_says_nosniff(harness):
