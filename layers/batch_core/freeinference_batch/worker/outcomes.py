@@ -81,6 +81,9 @@ class Claimed:
     # The model's batch capacity and backoff as the claim's gates read them (model_backoff.py).
     capacity: int = 0
     backoff: model_backoff.Backoff | None = None
+    # Its account is near its quota as the claim's gates read it (gates.py `near_quota`): the
+    # run counts each request as it settles and reads the owner's usage consistently.
+    exact: bool = False
 
 
 @dataclass

@@ -6,13 +6,16 @@ invocation under the same hold on the slots."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from freeinference_batch.batches import dispatch
+from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import Catalog
 from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage, RequestStatus
@@ -96,7 +99,7 @@ class Settler:
                 return handed
             leave = handed
         settle = self.writes.settle(message, token, now, **settled)
-        claimed.tally.add(settled["status"], int(settled.get("cost_nano", 0)))
+        claimed.tally.add(settled["status"], int(settled.get("cost_nano", 0)), now)
         if not self._leave(claimed, now, settle, now + self.settings.batch_dispatch_lease_seconds):
             return Done()
         # The per-model counts follow the write that settled it: a run that lost its claim is
@@ -139,8 +142,15 @@ class Settler:
         cost = int(settled.get("cost_nano", 0))
         if block.lost:
             return Leave()  # its slots expired under it (slot_blocks.py): queue up again
-        gates = self.gates.read(following, now, reuse_owner=True)
-        verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost)
+        # Near its quota, the account's usage is read consistently, nothing reused, before each
+        # claim; far from it, read as a chain running on may (gates.py).
+        gates = self.gates.read(following, now, reuse_owner=not claimed.exact)
+        verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost,
+                                   run_peak_nano=max(tally.peak_nano, cost))
+        if verdict.near and gates.reused:
+            gates = self.gates.read(following, now)
+            verdict = self.gates.judge(following, gates, now, pending_cost=tally.cost_nano + cost,
+                                       run_peak_nano=max(tally.peak_nano, cost))
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
             return Leave()  # the next request's own message will meet the gate and act on it
         fresh_meta = gates.meta
@@ -165,18 +175,23 @@ class Settler:
             logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
                                                               "position": message.position})
             return Done()  # the sweep took the request back, and counts what this run settled
-        tally.add(settled["status"], cost)
+        tally.add(settled["status"], cost, now)
         count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
-        # nothing claimed behind.
-        if tally.due(now, self.settings.batch_dispatch_lease_seconds):
+        # nothing claimed behind. Near the quota, every request is counted before the next claim,
+        # so that the others' claims read it.
+        if verdict.near or tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
                 transact(self.writes.flush(message.batch_id, meta.account_id, tally, run, now,
                                            now + self.settings.batch_dispatch_lease_seconds))
                 tally = claimed.tally = tally.counted(now)
             except TransactionConflict:
-                pass  # nothing was written: the tally waits for the next hand-over
+                # Nothing was written. Far from the quota the tally waits for the next hand-over;
+                # near it, the run leaves (its leave counts) rather than claim with it uncounted.
+                if verdict.near:
+                    self._give_up(claimed, following, now)
+                    return Done()
             except TransactionFailed:
                 # Only a sweep that took this run for dead moves the chain under it: it counts
                 # what this run settled and sends the chain's next message.
@@ -198,7 +213,40 @@ class Settler:
             return Done()
         metric("RequestsHandedOver")
         return Claimed(following, fresh_meta, next_token, run, block, has_record=False, tally=tally,
-                       capacity=verdict.capacity, backoff=gates.backoff)
+                       capacity=verdict.capacity, backoff=gates.backoff, exact=verdict.near)
+
+    @contextlib.contextmanager
+    def counting_during_call(self, claimed: Claimed) -> Iterator[None]:
+        """While the run's call is in flight, count what it settled once the oldest of it is
+        COUNT_AGE_SECONDS old (store/runs.py), so that a long call does not hold its counts back.
+        The timer is stopped, and a count it started finished, before the run settles: the tally
+        is never written by both."""
+        due = claimed.tally.count_due_at()
+        if due is None:
+            yield
+            return
+        timer = threading.Timer(max(0.0, due - clock.now(self.settings.clock_offset_file)), self._count_now,
+                                args=(claimed,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()
+
+    def _count_now(self, claimed: Claimed) -> None:
+        """The count the timer makes (its thread): as a hand-over's, conditional on the chain's head."""
+        now = clock.now(self.settings.clock_offset_file)
+        tally = claimed.tally
+        try:
+            transact(self.writes.flush(claimed.message.batch_id, claimed.meta.account_id, tally, claimed.run, now,
+                                       now + self.settings.batch_dispatch_lease_seconds))
+            claimed.tally = tally.counted(now)
+        except Exception:
+            # Nothing was written: the settle counts it (or the sweep, if the chain was lost).
+            logger.warning("could not count during a call", exc_info=True,
+                           extra={"batch_id": claimed.message.batch_id, "position": claimed.message.position})
 
     def _claim_next(self, following: RequestMessage, token: str, run: str, now: float, ttl: int) -> bool:
         """Claim the chain's next request alone. A claim whose answer was lost and which botocore
