@@ -82,7 +82,8 @@ def near_quota(usage_nano: int, quota_nano: int, concurrency: int, peak_nano: in
     two above it), at or past the quota. With nothing charged yet today there is no estimate: near."""
     if peak_nano <= 0:
         return True
-    return usage_nano + concurrency * UNCOUNTED_PER_SLOT * peak_nano >= quota_nano
+    dearest = 1 << (peak_nano - 1).bit_length()  # as the usage item keeps it
+    return usage_nano + concurrency * UNCOUNTED_PER_SLOT * dearest >= quota_nano
 
 
 class OwnerReads:
