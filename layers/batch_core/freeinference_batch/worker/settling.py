@@ -198,6 +198,12 @@ class Settler:
                 logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
                                                                 "position": message.position})
                 return Done()
+        if verdict.near and self.gates.judge(following, self.gates.read(following, now), now).kind != "run":
+            # Read again now that this request is counted: of two chains counting at once, the
+            # later read sees both counts, so no claim misses a settled request (the bound in
+            # docs/ARCHITECTURE.md). Used up: the chain's next message parks on the quota.
+            self._give_up(claimed, following, now)
+            return Done()
         # Renewals are plain writes, as the slots are taken (claims.py), not part of the count.
         if not all(self.leases.renew(slots_key, block, capacity, now, self.settings.lease_seconds)
                    for slots_key, capacity in renewals):
