@@ -238,12 +238,15 @@ class UpstreamSimulator:
     """An OpenAI-compatible chat completions server on a background thread.
 
     Counters for tests: `attempts_by_request` (request id -> attempts seen), `total_requests`,
-    `max_concurrent` (most chat requests being handled at once) and `concurrent` (now).
+    `max_concurrent` (most chat requests being handled at once), `concurrent` (now) and `answered`
+    (request id, model, prompt and completion tokens of every 200 sent: what a caller is charged
+    for, counted outside it).
     """
 
     def __init__(self, *, verbose: bool = False) -> None:
         self.verbose = verbose
         self.attempts_by_request: dict[str, int] = defaultdict(int)
+        self.answered: list[tuple[str, str, int, int]] = []
         self.total_requests = 0
         self.concurrent = 0
         self.max_concurrent = 0
@@ -307,6 +310,7 @@ class UpstreamSimulator:
     def reset_counters(self) -> None:
         with self._lock:
             self.attempts_by_request.clear()
+            self.answered.clear()
             self.total_requests = 0
             self.max_concurrent = self.concurrent
 
@@ -380,6 +384,8 @@ class UpstreamSimulator:
         if directives.pad:
             text += " " + _PAD_CHARACTER * directives.pad
         prompt = prompt_tokens(messages)
+        with self._lock:
+            self.answered.append((request_id, model, prompt, completion))
         return 200, {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",

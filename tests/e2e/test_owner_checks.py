@@ -20,7 +20,10 @@ import pytest
 # tests/e2e is not a package: pytest imports its conftest, and its tests their helpers, as top-level modules.
 from conftest import Api, wait_for
 from engine_helpers import (
+    CATALOG,
+    FLASH,
     POLL,
+    QWEN,
     attempts,
     expected_cost_nano,
     hold_for,
@@ -193,6 +196,42 @@ def test_used_up_quota_pauses_batches_answers_429_and_resumes_after_midnight(own
     assert new_day != day
     assert store.usage_nano("quota-acct", new_day) == one
     assert [attempts(sim, batch["id"], p) for p in range(3)] == [1, 1, 1]
+
+
+def answered_cost_nano(sim, batch_ids: set[str]) -> tuple[int, int]:
+    """(the cost of what the simulator answered these batches, the dearest answer): what the
+    service was charged for, counted outside it."""
+    costs = [CATALOG.models[model].cost_nano(prompt, completion)
+             for request_id, model, prompt, completion in list(sim.answered)
+             if request_id.split(":", 1)[0] in batch_ids]
+    return sum(costs), max(costs, default=0)
+
+
+def test_a_used_up_quota_is_overrun_by_no_more_than_the_requests_in_flight(engine, sim):
+    # Given an account running 8 requests at once (4 chains on each of two models, 0.5 s calls)
+    # whose daily quota is about 10 requests' cost, and a batch of 40 requests on each model
+    concurrency = 8
+    content = "Spend it. [sim:latency=0.5]"
+    quota_nano = 10 * predicted_cost_nano(content, QWEN)
+    key = engine.create_key("bound-acct", tier="internal", daily_quota_usd=quota_nano / NANO_PER_USD,
+                            concurrency=concurrency)
+    api = engine.api(key)
+    store = StoredState(engine)
+    batches = [submit(api, [item(f"{model}-{i}", content, model=model) for i in range(40)]) for model in (FLASH, QWEN)]
+    ids = {batch["id"] for batch in batches}
+    day = clock.utc_day(clock.now(engine.env["BATCH_CLOCK_OFFSET_FILE"]))
+    # When the quota is used up and every chain has stopped
+    wait_for(lambda: store.usage_nano("bound-acct", day) >= quota_nano
+             and all(store.meta(b)["running"] == 0 for b in ids), timeout=60, interval=POLL,
+             message="the quota used up and the batches paused")
+    hold_for(1.0, lambda: all(store.meta(b)["running"] == 0 for b in ids), "the paused batches must stay paused")
+    # Then what the upstream answered past the quota is at most what a direct client with the same
+    # concurrency could have in flight when it ran out: 8 requests
+    answered, dearest = answered_cost_nano(sim, ids)
+    assert answered - quota_nano <= concurrency * dearest, (answered, quota_nano, dearest)
+    # And every answer is charged, once, to the day it finished
+    assert store.usage_nano("bound-acct", day) == answered
+    assert all(store.meta(b)["status"] == "in_progress" for b in ids)
 
 
 # ---------------------------------------------------------------- tier

@@ -138,11 +138,11 @@ def _count_settled(table: BatchTable, writes: RunWrites, meta: BatchRecord, lane
         looked = range(index, min(size, index + READ_AHEAD * width), width)
         outcomes = table.get_outcomes(meta.id, [positions[i] for i in looked])
         for looked_index in looked:
-            status, cost = outcomes.get(positions[looked_index], (RequestStatus.QUEUED, 0))
+            status, cost, finished_at = outcomes.get(positions[looked_index], (RequestStatus.QUEUED, 0, now))
             if status in (RequestStatus.QUEUED, RequestStatus.RUNNING):
                 done = True
                 break
-            tally.add(status, cost)
+            tally.add(status, cost, finished_at or now)  # charged to the day it finished, not today
             index = looked_index + width
     if not tally.settled:
         return head
@@ -203,7 +203,8 @@ def _take_back(writes: RunWrites, meta: BatchRecord, lane: dict, head: int, posi
                  "message": f"Each of the request's {attempts} runs stopped before it finished "
                             "(the worker running it failed); it is not tried again"}
         request = writes.fail_request(meta.id, position, claim, error, now)
-        failed = Tally(lane["model"], lane["width"], head, now, failed=1)
+        failed = Tally(lane["model"], lane["width"], head, now)
+        failed.add(RequestStatus.FAILED, 0, now)
         chain = writes.flush(meta.id, meta.account_id, failed, runner, now, now, stop=runner is not None)
     else:
         request = writes.requeue_request(meta.id, position, claim)

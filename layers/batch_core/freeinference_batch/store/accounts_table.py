@@ -287,19 +287,26 @@ def get_key_account_and_usage(
 # -- transact elements other modules fold into their own transactions --
 
 
-def add_usage_element(settings: Settings, account_id: str, cost_nano: int, day: str, at: float) -> dict:
-    """A transact `Update` charging `cost_nano` to the account's usage of `day` (the UTC day of
-    `at`); the item expires USAGE_TTL_SECONDS after that day ends."""
+def add_usage_element(settings: Settings, account_id: str, cost_nano: int, day: str, at: float,
+                      *, peak_nano: int = 0) -> dict:
+    """A transact `Update` charging `cost_nano` to the account's usage of `day` (the UTC day the
+    charged requests finished); the item expires USAGE_TTL_SECONDS after `at` plus a day.
+    `peak_nano`: the dearest of those requests' costs, kept as the power of two at or above it
+    (`peak_of`): DynamoDB has no max in an update, but a set takes each exponent once."""
     ttl = int(at) + 24 * 3600 + USAGE_TTL_SECONDS
-    return {
-        "Update": _update_element(
-            settings,
-            usage_item_key(account_id, day),
-            "ADD cost_nano :cost SET #ttl = :ttl",
-            {":cost": int(cost_nano), ":ttl": ttl},
-            names={"#ttl": "ttl"},
-        )
-    }
+    values: dict[str, Any] = {":cost": int(cost_nano), ":ttl": ttl}
+    expression = "ADD cost_nano :cost SET #ttl = :ttl"
+    if peak_nano > 0:
+        expression = "ADD cost_nano :cost, peaks :peak SET #ttl = :ttl"
+        values[":peak"] = {(int(peak_nano) - 1).bit_length()}
+    return {"Update": _update_element(settings, usage_item_key(account_id, day), expression, values,
+                                      names={"#ttl": "ttl"})}
+
+
+def peak_of(usage: dict | None) -> int:
+    """The power of two at or above the dearest request charged to this usage item (0: none yet)."""
+    exponents = (usage or {}).get("peaks")
+    return 2 ** max(int(e) for e in exponents) if exponents else 0
 
 
 def unfinished_increment_element(settings: Settings, account_id: str, max_unfinished: int) -> dict:

@@ -48,13 +48,15 @@ class RequestItems:
         ):
             yield int(item["sk"][4:]), item
 
-    def get_outcomes(self, batch_id: str, positions: list[int]) -> dict[int, tuple[str, int]]:
-        """(status, cost) of those of the given requests that have a state: what counting them needs,
-        without their responses."""
+    def get_outcomes(self, batch_id: str, positions: list[int]) -> dict[int, tuple[str, int, float]]:
+        """(status, cost, finished_at) of those of the given requests that have a state: what
+        counting them needs (the day a cost is charged to is the day its request finished), without
+        their responses. finished_at is 0 for a request not settled."""
         found = batch_get({self.name: {"Keys": [request_key(batch_id, p) for p in positions], "ConsistentRead": True,
-                                       "ProjectionExpression": "sk, #status, cost_nano",
+                                       "ProjectionExpression": "sk, #status, cost_nano, finished_at",
                                        "ExpressionAttributeNames": {"#status": "status"}}})
-        return {int(item["sk"][4:]): (item["status"], int(item.get("cost_nano", 0))) for item in found[self.name]}
+        return {int(item["sk"][4:]): (item["status"], int(item.get("cost_nano", 0)), float(item.get("finished_at", 0)))
+                for item in found[self.name]}
 
     def set_request_lease(self, batch_id: str, position: int, until: float) -> bool:
         """A queued request's lease, renewed while its chain waits (so the sweep sends no

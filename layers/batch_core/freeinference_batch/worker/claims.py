@@ -129,7 +129,7 @@ class Claims:
         metric("QueueWait", max(0.0, now - sent), "Seconds")
         tally = Tally(message.model, meta.lane_widths[message.model], head=message.index, since=now)
         return Claimed(message, meta, token, run, block, has_record=True, tally=tally, capacity=verdict.capacity,
-                       backoff=gates.backoff)
+                       backoff=gates.backoff, quota=verdict.quota)
 
     def _give_back(self, message: RequestMessage, meta: BatchRecord, block: SlotBlock, run: str,
                    taken: list[dict], now: float) -> None:

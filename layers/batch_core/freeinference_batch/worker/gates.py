@@ -19,6 +19,7 @@ from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import batch_get
 from freeinference_batch.store.leases import account_slots_key, model_slots_key
+from freeinference_batch.store.runs import FLUSH_EVERY_REQUESTS
 from freeinference_batch.worker import model_backoff
 
 
@@ -34,6 +35,26 @@ class Gates:
     model_slots: dict | None
     account_slots: dict | None
     backoff: model_backoff.Backoff | None = None
+    # The dearest request charged today, to a power of two (accounts_table.peak_of); 0: none yet.
+    usage_peak_nano: int = 0
+    # Whether the owner's items (the day's usage among them) may be up to OWNER_REUSE_SECONDS old
+    # or eventually consistent: read with `reuse_owner`.
+    reused: bool = False
+
+
+@dataclass
+class QuotaReading:
+    """What a run's gates read of its account's quota, for the hand-over after the next settle to
+    judge `near_quota` again with the cost that settle adds, before it claims (settling.py)."""
+
+    usage_nano: int
+    quota_nano: int
+    concurrency: int
+    peak_nano: int
+
+    def near(self, pending_cost: int, run_peak_nano: int) -> bool:
+        return near_quota(self.usage_nano + pending_cost, self.quota_nano, self.concurrency,
+                          max(self.peak_nano, run_peak_nano))
 
 
 @dataclass
@@ -43,6 +64,10 @@ class Verdict:
     kind: str  # run | gone | unauthorized | quota | no_access | no_model
     owner: accounts.OwnerState | None = None
     capacity: int = 0
+    # The account could reach its quota with what its chains may hold uncounted and in flight:
+    # count exactly (`near_quota`).
+    near: bool = False
+    quota: QuotaReading | None = None
 
 
 def slots_as_read(message: RequestMessage, gates: Gates, verdict: Verdict) -> list[tuple[dict, dict | None, int]]:
@@ -60,6 +85,21 @@ def slots_as_read(message: RequestMessage, gates: Gates, verdict: Verdict) -> li
 # another worker's overloaded call reaches it within this long plus one request. (Plus the lag of
 # an eventually consistent read, usually well under a second; moto, locally, has none.)
 OWNER_REUSE_SECONDS = 5.0
+# The most requests each of an account's slots may have run and not had counted, by the time a
+# chain far from its quota (as read) sees otherwise: a chain holds up to FLUSH_EVERY_REQUESTS
+# uncounted or in flight (store/runs.py), and may claim that many more on an owner read up to
+# OWNER_REUSE_SECONDS old (calls of at least OWNER_REUSE_SECONDS / FLUSH_EVERY_REQUESTS, 0.21 s).
+UNCOUNTED_PER_SLOT = 2 * FLUSH_EVERY_REQUESTS
+
+
+def near_quota(usage_nano: int, quota_nano: int, concurrency: int, peak_nano: int) -> bool:
+    """Whether an account's uncounted and in-flight requests could take its usage to its quota:
+    usage + concurrency x UNCOUNTED_PER_SLOT x the dearest request charged today (to the power of
+    two above it), at or past the quota. With nothing charged yet today there is no estimate: near."""
+    if peak_nano <= 0:
+        return True
+    dearest = 1 << (peak_nano - 1).bit_length()  # as the usage item keeps it
+    return usage_nano + concurrency * UNCOUNTED_PER_SLOT * dearest >= quota_nano
 
 
 class OwnerReads:
@@ -131,10 +171,13 @@ class Gatekeeper:
         return Gates(meta=meta, key_item=key_item or {}, account=account or {},
                      usage_nano=int((usage or {}).get("cost_nano", 0)), load=int((load or {}).get("inflight", 0)),
                      model_slots=model_slots, account_slots=account_slots,
-                     backoff=model_backoff.backoff_of(backoff))
+                     backoff=model_backoff.backoff_of(backoff), usage_peak_nano=accounts_table.peak_of(usage),
+                     reused=reuse_owner)
 
-    def judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0) -> Verdict:
-        """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over."""
+    def judge(self, message: RequestMessage, gates: Gates, now: float, pending_cost: int = 0,
+              run_peak_nano: int = 0) -> Verdict:
+        """The gates, cheapest first. `pending_cost` is usage about to be added by a hand-over, whose
+        dearest request cost `run_peak_nano`."""
         meta = gates.meta
         # The batch is gone, no longer starts requests, or its window closed before this one started.
         if meta is None or not lifecycle.starts_requests(meta, now):
@@ -152,4 +195,7 @@ class Gatekeeper:
         model = self.catalog.model_for_tier(message.model, owner.tier)
         if model is None:
             return Verdict("no_model", owner)
-        return Verdict("run", owner, model_backoff.capped(model.batch_capacity(gates.load), gates.backoff))
+        quota = QuotaReading(gates.usage_nano, int(gates.account.get("daily_quota_nano", 0)),
+                             owner.concurrency_limit, gates.usage_peak_nano)
+        return Verdict("run", owner, model_backoff.capped(model.batch_capacity(gates.load), gates.backoff),
+                       quota.near(pending_cost, run_peak_nano), quota)

@@ -14,6 +14,7 @@ from freeinference_batch.core.schemas import RequestMessage
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.runs import Tally
 from freeinference_batch.worker import model_backoff
+from freeinference_batch.worker.gates import QuotaReading
 from freeinference_batch.worker.slot_blocks import SlotBlock
 
 _metrics_lock = threading.Lock()
@@ -81,6 +82,9 @@ class Claimed:
     # The model's batch capacity and backoff as the claim's gates read them (model_backoff.py).
     capacity: int = 0
     backoff: model_backoff.Backoff | None = None
+    # The account's quota as the claim's gates read it (gates.py `QuotaReading`): near it, the run
+    # counts each request as it settles and reads the owner's usage consistently.
+    quota: QuotaReading | None = None
 
 
 @dataclass

@@ -194,9 +194,10 @@ class Worker:
             if budget.cut and budget.seconds < LEAST_CALL_SECONDS:
                 outcome = upstream.Outcome("cut")
             else:
-                outcome = upstream.call(self.settings, body, account_id=meta.account_id,
-                                        request_ref=f"{message.batch_id}:{message.position}", holding=permit.hold,
-                                        budget=budget)
+                with self.settler.counting_during_call(claimed):
+                    outcome = upstream.call(self.settings, body, account_id=meta.account_id,
+                                            request_ref=f"{message.batch_id}:{message.position}",
+                                            holding=permit.hold, budget=budget)
             if outcome.alert:
                 metric(outcome.alert)
             self._maybe_crash("after upstream call")

@@ -6,10 +6,12 @@ invocation under the same hold on the slots."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from freeinference_batch.batches import dispatch
@@ -98,7 +100,7 @@ class Settler:
                 return handed
             leave = handed
         settle = self.writes.settle(message, token, now, **settled)
-        claimed.tally.add(settled["status"], int(settled.get("cost_nano", 0)))
+        claimed.tally.add(settled["status"], int(settled.get("cost_nano", 0)), now)
         if not self._leave(claimed, now, settle, now + self.settings.batch_dispatch_lease_seconds):
             return Done()
         # The per-model counts follow the write that settled it: a run that lost its claim is
@@ -152,18 +154,24 @@ class Settler:
             logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
                                                               "position": message.position})
             return Done()  # the sweep took the request back, and counts what this run settled
-        tally.add(settled["status"], int(settled.get("cost_nano", 0)))
+        tally.add(settled["status"], int(settled.get("cost_nano", 0)), now)
         count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
-        # nothing claimed behind.
-        if tally.due(now, self.settings.batch_dispatch_lease_seconds):
+        # nothing claimed behind. Near the quota, every request is counted before the next claim,
+        # so that the others' claims read it.
+        # Near the quota (judged again with this request's cost), count it before the next claim.
+        exact = claimed.quota is not None and claimed.quota.near(tally.cost_nano, tally.peak_nano)
+        if exact or tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
                 transact(self.writes.flush(message.batch_id, meta.account_id, tally, run, now,
                                            now + self.settings.batch_dispatch_lease_seconds))
                 tally = claimed.tally = tally.counted(now)
             except TransactionConflict:
-                pass  # nothing was written: the tally waits for the next hand-over
+                # Nothing was written. Far from the quota the tally waits for the next hand-over;
+                # near it, the run leaves (its leave counts) rather than claim with it uncounted.
+                if exact:
+                    return self._give_up(claimed, following, now)
             except TransactionFailed:
                 # Only a sweep that took this run for dead moves the chain under it: it counts
                 # what this run settled and sends the chain's next message.
@@ -178,8 +186,15 @@ class Settler:
             return Done()
         # Judged at the time of the read, not of the settle: a window that closed meanwhile counts.
         checked = clock.now(self.settings.clock_offset_file)
-        gates = self.gates.read(following, checked, reuse_owner=True)
-        verdict = self.gates.judge(following, gates, checked, pending_cost=tally.cost_nano)
+        # Near its quota, the account's usage is read consistently, nothing reused, and after this
+        # run's count (above), so that of two chains counting at once the later read sees both.
+        gates = self.gates.read(following, checked, reuse_owner=not exact)
+        verdict = self.gates.judge(following, gates, checked, pending_cost=tally.cost_nano,
+                                   run_peak_nano=tally.peak_nano)
+        if verdict.near and gates.reused:
+            gates = self.gates.read(following, checked)
+            verdict = self.gates.judge(following, gates, checked, pending_cost=tally.cost_nano,
+                                       run_peak_nano=tally.peak_nano)
         if verdict.kind != "run" or gates.meta is None or verdict.owner is None:
             # The next request's own message will meet the gate and act on it.
             return self._give_up(claimed, following, now, next_token=next_token)
@@ -210,7 +225,40 @@ class Settler:
             return self._give_up(claimed, following, now, next_token=next_token)
         metric("RequestsHandedOver")
         return Claimed(following, fresh_meta, next_token, run, block, has_record=False, tally=tally,
-                       capacity=verdict.capacity, backoff=gates.backoff)
+                       capacity=verdict.capacity, backoff=gates.backoff, quota=verdict.quota)
+
+    @contextlib.contextmanager
+    def counting_during_call(self, claimed: Claimed) -> Iterator[None]:
+        """While the run's call is in flight, count what it settled once the oldest of it is
+        COUNT_AGE_SECONDS old (store/runs.py), so that a long call does not hold its counts back.
+        The timer is stopped, and a count it started finished, before the run settles: the tally
+        is never written by both."""
+        due = claimed.tally.count_due_at()
+        if due is None:
+            yield
+            return
+        timer = threading.Timer(max(0.0, due - clock.now(self.settings.clock_offset_file)), self._count_now,
+                                args=(claimed,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()
+
+    def _count_now(self, claimed: Claimed) -> None:
+        """The count the timer makes (its thread): as a hand-over's, conditional on the chain's head."""
+        now = clock.now(self.settings.clock_offset_file)
+        tally = claimed.tally
+        try:
+            transact(self.writes.flush(claimed.message.batch_id, claimed.meta.account_id, tally, claimed.run, now,
+                                       now + self.settings.batch_dispatch_lease_seconds))
+            claimed.tally = tally.counted(now)
+        except Exception:
+            # Nothing was written: the settle counts it (or the sweep, if the chain was lost).
+            logger.warning("could not count during a call", exc_info=True,
+                           extra={"batch_id": claimed.message.batch_id, "position": claimed.message.position})
 
     def _give_up(self, claimed: Claimed, following: RequestMessage, now: float, leave: Leave | None = None,
                  next_token: str | None = None) -> Done:
