@@ -107,7 +107,8 @@ def sqs_record(message: dict[str, Any], queue_arn: str, region: str = LOCAL_REGI
         "messageAttributes": {
             name: _message_attribute(value) for name, value in (message.get("MessageAttributes") or {}).items()
         },
-        "md5OfBody": message.get("MD5OfBody") or hashlib.md5(message.get("Body", "").encode()).hexdigest(),
+        "md5OfBody": message.get("MD5OfBody")
+        or hashlib.md5(message.get("Body", "").encode(), usedforsecurity=False).hexdigest(),
     }
     if message.get("MD5OfMessageAttributes"):
         record["md5OfMessageAttributes"] = message["MD5OfMessageAttributes"]
