@@ -158,9 +158,9 @@ class Settler:
         count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
-        # nothing claimed behind. Near the quota, every request is counted before the next claim,
-        # so that the others' claims read it.
-        # Near the quota (judged again with this request's cost), count it before the next claim.
+        # nothing claimed behind. Near the quota (judged again with this request's cost, on the
+        # usage the last gates read), every request is counted before the next claim, so that the
+        # others' reads see it.
         exact = claimed.quota is not None and claimed.quota.near(tally.cost_nano, tally.peak_nano)
         if exact or tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
