@@ -119,7 +119,7 @@ def test_webhook_sample_events_drive_an_endpoint_through_every_route(harness):
     endpoint_id = created["id"]
 
     status, fetched = invoke_api("api-get-webhook-endpoint", endpoint_id=endpoint_id)
-    assert status == 200 and fetched["url"] == "http://127.0.0.1:8000/webhook" and "signing_secret" not in fetched
+    assert status == 200 and fetched["url"] == "http://127.0.0.1:9000/webhook" and "signing_secret" not in fetched
     status, listed = invoke_api("api-list-webhook-endpoints")
     assert status == 200 and [e["id"] for e in listed["data"]] == [endpoint_id]
     status, updated = invoke_api("api-update-webhook-endpoint", endpoint_id=endpoint_id)
