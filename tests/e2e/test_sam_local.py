@@ -145,8 +145,12 @@ def test_each_sample_event_runs_its_handler_against_the_running_stack(stack, res
             body = json.loads(answer["body"])
             expected = {"api-create-batch.json": 200, "api-list-batches.json": 200,
                         "api-create-webhook-endpoint.json": 200, "api-list-webhook-endpoints.json": 200,
-                        "api-list-webhook-event-types.json": 200}.get(name, 404)
+                        "api-list-webhook-event-types.json": 200,
+                        "api-method-not-allowed.json": 405}.get(name, 404)
             assert answer["statusCode"] == expected, (name, body)
+            if expected == 405:
+                assert body["error"]["code"] == "method_not_allowed"
+                assert answer["headers"]["Allow"] == "GET, POST", answer
         elif name == "worker-sqs.json":
             assert answer == {"batchItemFailures": []}
         else:
