@@ -66,6 +66,17 @@ def predicted_cost_nano(content: str, model: str = FLASH) -> int:
     return CATALOG.models[model].cost_nano(prompt_tokens(messages), len(text.split()))
 
 
+def answered_cost_nano(sim: UpstreamSimulator, batch_ids: set[str], *, once: bool = False) -> tuple[int, int]:
+    """(the cost of what the simulator answered these batches, the dearest answer): what the
+    service was charged for, counted outside it. `once`: each request's first answer only (a run
+    that died after its answer re-runs the request; the upstream charged both)."""
+    answers = [answer for answer in list(sim.answered) if answer[0].split(":", 1)[0] in batch_ids]
+    if once:
+        answers = list({answer[0]: answer for answer in reversed(answers)}.values())
+    costs = [CATALOG.models[model].cost_nano(prompt, completion) for _, model, prompt, completion in answers]
+    return sum(costs), max(costs, default=0)
+
+
 def attempts(sim: UpstreamSimulator, batch_id: str, position: int) -> int:
     return sim.attempts_by_request.get(f"{batch_id}:{position}", 0)
 

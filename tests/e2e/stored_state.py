@@ -38,6 +38,10 @@ class StoredState:
         )
         return answer["Items"]
 
+    def request_items(self, batch_id: str) -> list[dict]:
+        """The batch's request items, decoded (one page: batches of up to a few thousand small requests)."""
+        return [from_item(item) for item in self.items(batch_id) if item["sk"]["S"].startswith("REQ#")]
+
     def meta(self, batch_id: str) -> dict:
         answer = self.dynamodb.get_item(TableName=self.table, Key=meta_key(batch_id), ConsistentRead=True)
         found = from_item(answer.get("Item"))

@@ -14,7 +14,8 @@ At the same time:
 
 2,000 requests in 4 batches of 2 accounts on 2 models: one batch is cancelled mid-run, one is
 deleted once it ends, and one create is sent twice with the same Idempotency-Key, as a client
-does whose answer was lost.
+does whose answer was lost. Beside them a third account with a small daily quota runs into it:
+it is overrun by no more than its requests in flight, and charged exactly.
 
 The seed (`LOCAL_AWS_FAULTS_SEED`, printed) fixes the moto server's fault schedule for a given
 sequence of calls; the pollers' and workers' threads interleave differently from run to run, so
@@ -36,6 +37,7 @@ import requests
 
 # tests/e2e is not a package: pytest imports its conftest, and its tests their helpers, as top-level modules.
 from conftest import Api, StackProcess, wait_for
+from engine_helpers import answered_cost_nano, predicted_cost_nano
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, load_catalog
 from stored_state import StoredState
@@ -45,16 +47,19 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(720)]
 MODELS = tuple(load_catalog().models)  # the two packaged models
 # EventBridge and Secrets Manager see a few dozen calls a run (a PutEvents per status change, a
 # secret read per worker environment): their rates are high enough that each fault happens (a
-# worker whose first read fails every retry parks its messages for seconds, claiming nothing).
+# PutEvents refused through every retry fails its stream record, which the stream sends again;
+# a worker whose first read fails every retry parks its messages for seconds, claiming nothing).
 # SQS deletes by an old receipt handle (after a duplicate delivery) delete nothing half the time:
 # AWS says such a delete succeeds but *may* not delete. CloudWatch's are left off: the functions
 # never call it (their metrics go out in their logs).
 AWS_FAULTS = ("dynamodb.throttle=0.03,dynamodb.error=0.02,dynamodb.lost_answer=0.03,dynamodb.conflict=0.03,"
               "dynamodb.stale_ms=1000,sqs.duplicate=0.1,sqs.lost_answer=0.03,sqs.failed_entry=0.03,"
-              "sqs.stale_receipt=0.5,s3.lost_answer=0.2,s3.error=0.1,events.throttle=0.2,events.error=0.2,"
-              "events.lost_answer=0.2,events.failed_entry=0.3,secretsmanager.throttle=0.3,secretsmanager.error=0.2")
+              "sqs.stale_receipt=0.5,s3.lost_answer=0.3,s3.error=0.1,events.throttle=0.3,events.error=0.3,"
+              "events.lost_answer=0.3,events.failed_entry=0.4,secretsmanager.throttle=0.3,secretsmanager.error=0.2")
 # Requests whose body is too big for an item even compressed: their input goes to S3, where the
-# S3 faults (higher rates: S3 sees a few calls a batch, DynamoDB thousands) meet them.
+# S3 faults (higher rates: S3 sees a few calls a batch, DynamoDB thousands) meet them. Two batches
+# carry them (one would be 10 MB and more, past what one create takes): about 20 S3 writes a run,
+# so that each S3 fault is all but sure to happen.
 LARGE_REQUESTS = 10
 LARGE_BODY_CHARS = 500_000
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -62,6 +67,10 @@ FAULTY_EVERY = 10  # positions 0, 3, 6 of every 10: 30% fail once upstream
 # The batches run at once, so they share one wait; a loaded machine (moto serves one call at a
 # time) takes 5 to 6 minutes where an idle one takes 3 to 4.
 FINISH_SECONDS = 540
+# The quota account: 4 requests at once, a quota of 30 requests, a batch of 100.
+QUOTA_CONCURRENCY = 4
+QUOTA_REQUESTS = 30
+QUOTA_CONTENT = "Chaos quota [sim:latency=0.05]"
 
 
 class CountingApi(Api):
@@ -170,7 +179,7 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
     # mid-run, and one created twice with the same Idempotency-Key (its first answer "lost")
     plan = {
         "a": (first, _lines("a", 700, MODELS[:1])),
-        "b": (second, _lines("b", 700, MODELS[1:])),
+        "b": (second, _lines("b", 700 - LARGE_REQUESTS, MODELS[1:]) + _large_lines("b", LARGE_REQUESTS, MODELS[1])),
         "c": (first, _lines("c", 400, MODELS)),
         "d": (second, _lines("d", 200 - LARGE_REQUESTS, MODELS[:1]) + _large_lines("d", LARGE_REQUESTS, MODELS[0])),
     }
@@ -180,6 +189,14 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
         answer = api.post("/batches", json={"requests": lines, "metadata": {"batch": name}}, headers=headers)
         assert answer.status_code == 200, answer.text
         batches[name] = answer.json()
+    quota_nano = QUOTA_REQUESTS * predicted_cost_nano(QUOTA_CONTENT, MODELS[0])
+    third = CountingApi(stack.base_url, stack.create_key("chaos-q", tier="internal", concurrency=QUOTA_CONCURRENCY,
+                                                         daily_quota_usd=quota_nano / NANO_PER_USD))
+    quota_lines = [{"custom_id": f"e-{n}", "body": {"model": MODELS[0], "messages": [
+        {"role": "user", "content": QUOTA_CONTENT}]}} for n in range(100)]
+    answer = third.post("/batches", json={"requests": quota_lines})
+    assert answer.status_code == 200, answer.text
+    quota_batch = answer.json()["id"]
     again = second.post("/batches", json={"requests": plan["d"][1], "metadata": {"batch": "d"}},
                         headers={"Idempotency-Key": f"chaos-{seed}-d"})
     assert again.status_code == 200 and again.json()["id"] == batches["d"]["id"], again.text
@@ -228,6 +245,23 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
     assert store.usage_nano("dev", day) == costs["a"] + costs["c"]
     assert store.usage_nano("chaos-b", day) == costs["b"] + costs["d"]
 
+    # And the quota account paused with its usage at most its requests in flight past the quota,
+    # counted by the service and answered by the upstream (once a request: a run that died after
+    # its answer re-runs it, which the upstream charges twice and the service once), and charged
+    # exactly what its completed requests cost. (Its key's API calls answer 429 now: the store is read.)
+    paused = wait_for(lambda: (x := store.meta(quota_batch)).get("running", 0) == 0
+                      and store.usage_nano("chaos-q", day) >= quota_nano and x,
+                      timeout=60, interval=1.0, message="the quota account's batch to pause")
+    assert paused["status"] == "in_progress", paused
+    charged = store.usage_nano("chaos-q", day)
+    answered, dearest = answered_cost_nano(sim, {quota_batch}, once=True)
+    assert charged - quota_nano <= QUOTA_CONCURRENCY * dearest, (charged, quota_nano, dearest)
+    assert answered - quota_nano <= QUOTA_CONCURRENCY * dearest, (answered, quota_nano, dearest)
+    completed = [r for r in store.request_items(quota_batch) if r["status"] == "completed"]
+    assert charged == int(paused.get("cost_nano", 0)) == sum(int(r["cost_nano"]) for r in completed), (charged, paused)
+    assert paused["completed"] == len(completed), paused
+    assert third.get(f"/batches/{quota_batch}").status_code == 429
+
     # And it stays so while the sweep runs on (every 0.5 s) and late duplicates arrive
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
@@ -237,7 +271,8 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
         time.sleep(0.5)
 
     # And no API answer was a 5xx other than 503 with Retry-After
-    assert not first.server_errors and not second.server_errors, first.server_errors + second.server_errors
+    errors = first.server_errors + second.server_errors + third.server_errors
+    assert not errors, errors
     # And the AWS faults did happen, each of them
     injected = json.loads(stack.admin("faults").stdout)
     print("faults injected:", json.dumps(injected, sort_keys=True), "503s retried:",

@@ -20,10 +20,10 @@ import pytest
 # tests/e2e is not a package: pytest imports its conftest, and its tests their helpers, as top-level modules.
 from conftest import Api, wait_for
 from engine_helpers import (
-    CATALOG,
     FLASH,
     POLL,
     QWEN,
+    answered_cost_nano,
     attempts,
     expected_cost_nano,
     hold_for,
@@ -196,15 +196,6 @@ def test_used_up_quota_pauses_batches_answers_429_and_resumes_after_midnight(own
     assert new_day != day
     assert store.usage_nano("quota-acct", new_day) == one
     assert [attempts(sim, batch["id"], p) for p in range(3)] == [1, 1, 1]
-
-
-def answered_cost_nano(sim, batch_ids: set[str]) -> tuple[int, int]:
-    """(the cost of what the simulator answered these batches, the dearest answer): what the
-    service was charged for, counted outside it."""
-    costs = [CATALOG.models[model].cost_nano(prompt, completion)
-             for request_id, model, prompt, completion in list(sim.answered)
-             if request_id.split(":", 1)[0] in batch_ids]
-    return sum(costs), max(costs, default=0)
 
 
 def test_a_used_up_quota_is_overrun_by_no_more_than_the_requests_in_flight(engine, sim):
