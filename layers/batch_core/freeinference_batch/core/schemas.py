@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple, NotRequired
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, NotRequired, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -12,9 +13,12 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     StrictBool,
     StrictStr,
+    ValidationError,
     model_serializer,
 )
 from typing_extensions import TypedDict
+
+from freeinference_batch.core.errors import BadRequest
 
 
 class BatchStatus(StrEnum):
@@ -122,6 +126,26 @@ class CheckedRequest(NamedTuple):
     custom_id: str
     model: str
     body: bytes
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Body:
+    """A small JSON body (a webhook endpoint's) as its model; an empty body is `{}`.
+    Refused with 400 naming the first field at fault."""
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise BadRequest(f"The body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("The body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise BadRequest(f"Invalid body: {where}: {first['msg']}", param=where) from None
 
 
 # ---- answers ------------------------------------------------------------------------------
