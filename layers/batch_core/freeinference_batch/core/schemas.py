@@ -132,7 +132,7 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 def parse_body(raw: bytes, model: type[Body]) -> Body:
-    """A small JSON body (a webhook endpoint's) as its model; an empty body is `{}`.
+    """A small JSON body (a retry's, a webhook endpoint's) as its model; an empty body is `{}`.
     Refused with 400 naming the first field at fault."""
     try:
         data = json.loads(raw or b"{}")
@@ -180,6 +180,8 @@ class BatchObject(BaseModel):
     metadata: dict[str, str] | None = None
     cost_usd: float
     error: dict[str, Any] | None = None
+    # Beyond the spec's object (like cost_usd and error): the batch this one retries, else null.
+    retry_of: str | None = None
 
 
 class _OmitsNone(BaseModel):
@@ -356,6 +358,7 @@ class BatchStatusChange(BaseModel):
     cost_usd: float
     created_at: int
     metadata: dict[str, str] | None
+    retry_of: str | None = None
 
 
 # ---- internal -----------------------------------------------------------------------------
