@@ -120,6 +120,22 @@ class CreateBatchDict(TypedDict):
     metadata: NotRequired[dict[StrictStr, StrictStr] | None]
 
 
+# The result statuses a retry may take again: the final ones (a final batch has no other).
+RETRYABLE_STATUSES = ("failed", "expired", "cancelled", "completed")
+DEFAULT_RETRY_STATUSES = ("failed", "expired")
+
+
+class RetryBatchBody(BaseModel):
+    """The body of `POST /v1/batches/{batch_id}/retry`, all of it optional. Statuses are plain
+    strings here so that one outside RETRYABLE_STATUSES is refused naming it (batches/retry.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    statuses: list[StrictStr] = Field(default_factory=lambda: list(DEFAULT_RETRY_STATUSES), min_length=1)
+    # Left out: the child takes the parent's metadata; null: none.
+    metadata: dict[StrictStr, StrictStr] | None = None
+
+
 class CheckedRequest(NamedTuple):
     """A request that passed every check, its body kept as the JSON bytes sent upstream."""
 
