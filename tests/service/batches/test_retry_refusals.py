@@ -80,6 +80,13 @@ def test_a_bad_body_is_refused_naming_what_is_wrong(harness, body, raw, fragment
     assert error["param"] == param
 
 
+def test_a_body_larger_than_two_fields_need_is_413(harness):
+    parent = finished(harness, [failing("q-0")])
+    raw = json.dumps({"metadata": {"k": "v"}, "padding": "x" * 300_000}).encode()
+    error = refused(harness, parent["id"], 413, "payload_too_large", "at most 262144 bytes", raw=raw)
+    assert "Split" not in error["message"]
+
+
 def test_a_model_gone_since_refuses_the_retry_naming_the_request_by_its_place_in_the_parent(harness, tmp_path):
     parent = finished(harness, [failing("q-0"), sample_request("q-1"), failing("q-2", model="qwen3.6-35b")])
     # When the account's tier may no longer use qwen3.6-35b

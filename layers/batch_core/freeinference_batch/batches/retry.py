@@ -20,7 +20,7 @@ from freeinference_batch.batches import idempotency, operations, validation, vie
 from freeinference_batch.batches.operations import Created
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import Catalog
-from freeinference_batch.core.errors import BadRequest, Conflict
+from freeinference_batch.core.errors import BadRequest, Conflict, PayloadTooLarge
 from freeinference_batch.core.schemas import (
     FINAL_STATUSES,
     RETRYABLE_STATUSES,
@@ -32,15 +32,21 @@ from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 
-# A retry's body holds two small fields (metadata at most 16 pairs of 64 + 512 characters).
-RETRY_MAX_BODY_BYTES = 64 * 1024
+# A retry's body holds two small fields: metadata is at most 16 pairs of 64 + 512 characters, under
+# 256 KiB however its characters are escaped (12 bytes for a character beyond the BMP).
+RETRY_MAX_BODY_BYTES = 256 * 1024
 
 
 def retry_batch(settings: Settings, principal: Principal, batch_id: str, body: bytes,
                 content_encoding: str | None, idempotency_key: str | None = None) -> Created:
     """`POST /v1/batches/{batch_id}/retry`: the child, answered as create answers a new batch."""
     catalog = operations.may_create(settings, principal)
-    raw = operations.decode_body(body, content_encoding, RETRY_MAX_BODY_BYTES)
+    try:
+        raw = operations.decode_body(body, content_encoding, RETRY_MAX_BODY_BYTES)
+    except PayloadTooLarge:
+        # Not create's words: there is no job to split, only a body far larger than two fields need.
+        raise PayloadTooLarge(f"A retry's body holds statuses and metadata, at most {RETRY_MAX_BODY_BYTES} bytes; "
+                              "this one is larger") from None
     # The key stands for this parent and this body: the same body retrying another batch, or a
     # create, is another request (422 with the same key).
     key = idempotency.parse(principal.account_id, idempotency_key, f"retry {batch_id}\n".encode() + raw)
