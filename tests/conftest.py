@@ -148,6 +148,7 @@ _ROUTES = [
     ("DELETE", "/v1/batches/{batch_id}", "DELETE /v1/batches/{batch_id}"),
     ("GET", "/v1/batches/{batch_id}/results", "GET /v1/batches/{batch_id}/results"),
     ("POST", "/v1/batches/{batch_id}/cancel", "POST /v1/batches/{batch_id}/cancel"),
+    ("POST", "/v1/batches/{batch_id}/retry", "POST /v1/batches/{batch_id}/retry"),
 ]
 
 

@@ -11,10 +11,10 @@
     endpoint = client.webhooks.create("https://example.com/hooks", name="batches")
     print(endpoint.signing_secret)              # shown only by create and rotate_secret
 
-Reads (GET) and creates are retried on 429, 5xx and connection errors with exponential backoff
-and jitter, honouring `Retry-After`: every create carries one `Idempotency-Key` (a uuid4, or
-yours), reused across its retries, so a retried create answers the batch the first attempt
-stored instead of creating another. Cancel and delete are retried only when the request
+Reads (GET), creates and retries of a batch are retried on 429, 5xx and connection errors with
+exponential backoff and jitter, honouring `Retry-After`: every create (and retry) carries one
+`Idempotency-Key` (a uuid4, or yours), reused across its retries, so a retried create answers
+the batch the first attempt stored instead of creating another. Cancel and delete are retried only when the request
 certainly never reached the server (the connection could not be opened); a 5xx or a timeout on
 them is raised, since the write may have happened. Create bodies over 1 MiB are sent gzipped
 (the server's 32 MiB limit applies to the decompressed body; API Gateway in front of it takes
@@ -123,7 +123,7 @@ def _never_sent(error: requests.RequestException) -> bool:
 
 
 class BatchClient:
-    """The six endpoints of the Batch API, plus paging and waiting helpers; the webhook
+    """The seven endpoints of the Batch API, plus paging and waiting helpers; the webhook
     endpoints' routes are `client.webhooks` (WebhookEndpoints).
 
     `api_key` and `base_url` default to FREEINFERENCE_API_KEY and FREEINFERENCE_BASE_URL (then
@@ -239,6 +239,21 @@ class BatchClient:
             headers["Content-Encoding"] = "gzip"
         # Safe to retry: the key makes the server answer the batch an earlier attempt stored.
         return Batch.model_validate(self._request("POST", "/batches", data=body, headers=headers, idempotent=True))
+
+    def retry(self, batch_id: str, statuses: Sequence[str] | None = None, metadata: Mapping[str, str] | None = None,
+              *, idempotency_key: str | None = None) -> Batch:
+        """POST /batches/{batch_id}/retry: a new batch of the finished batch's requests whose results
+        are in `statuses` (the server's default: failed and expired), their bodies as sent, in its
+        order; its `retry_of` names the batch retried. Without `metadata` it carries the retried
+        batch's. Sent with an Idempotency-Key and retried as a create is."""
+        document: dict[str, Any] = {}
+        if statuses is not None:
+            document["statuses"] = list(statuses)
+        if metadata is not None:
+            document["metadata"] = dict(metadata)
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        return Batch.model_validate(self._request("POST", f"/batches/{_segment(batch_id)}/retry",
+                                                  data=encode_json(document), headers=headers, idempotent=True))
 
     def retrieve(self, batch_id: str) -> Batch:
         """GET /batches/{batch_id}."""

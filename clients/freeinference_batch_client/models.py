@@ -51,6 +51,8 @@ class Batch(_Model):
     metadata: dict[str, str] | None = None
     cost_usd: float = 0.0
     error: BatchFailure | None = None
+    # The batch this one retries (its parent), else None; a server before retries sends none.
+    retry_of: str | None = None
 
     @property
     def is_final(self) -> bool:

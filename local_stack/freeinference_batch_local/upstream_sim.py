@@ -7,6 +7,8 @@ anywhere in any message's text steer one request:
 
 - `[sim:latency=S]`    answer after S seconds (a float);
 - `[sim:status=CODE]`  answer every attempt with HTTP CODE and an OpenAI-style error body;
+- `[sim:status=CODE until=NAME]`  the same, until the test opens gate NAME (`open_gate`); then
+                       answer: a fault that is fixed meanwhile (a batch's failures, then its retry);
 - `[sim:fail=CODE*N]`  fail the first N attempts of this request with CODE, then succeed;
 - `[sim:hang]`         never answer: hold the connection until the client gives up or the
                        simulator stops;
@@ -44,6 +46,7 @@ REQUEST_ID_HEADER = "X-FreeInference-Request-Id"
 
 _LATENCY = re.compile(r"\[sim:latency=([0-9]*\.?[0-9]+)\]")
 _STATUS = re.compile(r"\[sim:status=(\d{3})\]")
+_STATUS_UNTIL = re.compile(r"\[sim:status=(\d{3}) until=([A-Za-z0-9_-]+)\]")
 _FAIL = re.compile(r"\[sim:fail=(\d{3})\*(\d+)\]")
 _HANG = re.compile(r"\[sim:hang\]")
 _PAD = re.compile(r"\[sim:pad=(\d+)\]")
@@ -125,6 +128,8 @@ class _Directives:
         fail = _FAIL.search(joined)
         self.latency = float(latency.group(1)) if latency else 0.0
         self.status = int(status.group(1)) if status else None
+        until = _STATUS_UNTIL.search(joined)
+        self.status_until = (int(until.group(1)), until.group(2)) if until else None
         self.fail_status = int(fail.group(1)) if fail else None
         self.fail_count = int(fail.group(2)) if fail else 0
         self.hang = bool(_HANG.search(joined))
@@ -374,6 +379,9 @@ class UpstreamSimulator:
             return None, {}
         if directives.status is not None:
             return directives.status, error_body(directives.status, f"Simulated status {directives.status}")
+        if directives.status_until is not None and not self._gate(directives.status_until[1]).is_set():
+            code, gate = directives.status_until
+            return code, error_body(code, f"Simulated status {code} until gate {gate} opens")
         if directives.fail_status is not None and attempt <= directives.fail_count:
             return directives.fail_status, error_body(
                 directives.fail_status,

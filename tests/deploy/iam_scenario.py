@@ -1,6 +1,6 @@
 """The IAM tests' scenario: every function's handler run on moto through what the service does
 (batches created, run with retries, waits for slots, a body and an answer too big for an item,
-results read, a batch cancelled, one deleted, one expired, then swept and purged; webhook
+results read, a batch retried, one cancelled, one deleted, one expired, then swept and purged; webhook
 endpoints managed through every route, the batch table's stream told, deliveries retried, given
 up and delivered), each call recorded by the `recorder` fixture of test_iam.py."""
 
@@ -224,9 +224,13 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     monkeypatch.setattr(upstream, "call", real_call)
     assert harness.run_to_final(lost["id"])["status"] == "completed"
 
+    # A retry reads its parent's requests (the big body from S3) and stores them as a new batch.
+    status, child = harness.call("POST", f"/v1/batches/{first['id']}/retry", {"statuses": ["completed"]})
+    assert status == 200 and child["request_counts"]["total"] == 15, child
     cancelled = harness.create([sample_request("c-0")])
-    status, _ = harness.call("POST", f"/v1/batches/{cancelled['id']}/cancel")
-    assert status == 200
+    for batch_id in (child["id"], cancelled["id"]):
+        status, _ = harness.call("POST", f"/v1/batches/{batch_id}/cancel")
+        assert status == 200
     status, _ = harness.call("DELETE", f"/v1/batches/{first['id']}")
     assert status == 200
 

@@ -19,6 +19,7 @@ API_ROUTES = {
     ("GET", "/v1/batches/{batch_id}"),
     ("GET", "/v1/batches/{batch_id}/results"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
+    ("POST", "/v1/batches/{batch_id}/retry"),
     ("DELETE", "/v1/batches/{batch_id}"),
     # OpenAI's webhook-endpoint API (webhooks/endpoints.py), so the openai package's client.webhooks works.
     ("POST", "/v1/webhook_endpoints"),

@@ -65,6 +65,12 @@ def test_api_sample_events_drive_a_batch_through_every_endpoint(harness):
     status, cancelled = invoke_api("api-cancel-batch", batch_id=batch_id)
     assert status == 200 and cancelled["status"] == "cancelled"
 
+    # The sample retries what did not succeed, cancelled included: both requests, in a new batch.
+    status, child = invoke_api("api-retry-batch", batch_id=batch_id)
+    assert status == 200 and child["retry_of"] == batch_id and child["request_counts"]["total"] == 2, child
+    status, again = invoke_api("api-retry-batch", batch_id=batch_id)  # the sample's Idempotency-Key
+    assert status == 200 and again == child
+
     status, deleted = invoke_api("api-delete-batch", batch_id=batch_id)
     assert status == 200 and deleted == {"id": batch_id, "object": "batch.deleted", "deleted": True}
 

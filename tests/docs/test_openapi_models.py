@@ -35,10 +35,11 @@ PAIRS: dict[str, type[BaseModel]] = {
     "WebhookEndpointTestResult": schemas.WebhookEndpointTestResult,
     "WebhookEventTypeList": schemas.WebhookEventTypeList,
 }
-# openapi.yaml's request bodies -> the model the service parses them with (webhooks/endpoints.py).
-# Event types are plain strings there, so that one outside the four is refused naming it (the
-# document's enum), not as a type error.
+# openapi.yaml's request bodies -> the model the service parses them with (webhooks/endpoints.py,
+# batches/retry.py). Event types and retry statuses are plain strings there, so that one outside
+# the document's enum is refused naming it, not as a type error.
 REQUESTS: dict[str, type[BaseModel]] = {
+    "RetryBatchRequest": schemas.RetryBatchBody,
     "CreateWebhookEndpointRequest": schemas.WebhookCreateBody,
     "UpdateWebhookEndpointRequest": schemas.WebhookUpdateBody,
     "RotateWebhookSecretRequest": schemas.WebhookRotateSecretBody,

@@ -35,6 +35,9 @@ CONFIG = REPO / "schemathesis.toml"
 # Why a create that openapi.yaml calls valid may still be refused (schemathesis.toml): a model the
 # key may not use, an Idempotency-Key that created another batch. Any other refusal is a bug.
 STATEFUL_CREATE_REFUSALS = {400: "model_not_found", 422: "idempotency_key_reused"}
+# And a retry (schemathesis.toml): no request in the statuses asked for, a model gone since, a key
+# that created another batch.
+STATEFUL_RETRY_REFUSALS = {400: ("nothing_to_retry", "model_not_found"), 422: ("idempotency_key_reused",)}
 # Likewise for the webhook routes (schemathesis.toml): a URL whose host does not resolve or
 # resolves to an address we do not call, a sixth endpoint, a test delivery nobody answered.
 STATEFUL_WEBHOOK_REFUSALS = {
@@ -133,6 +136,9 @@ def fuzz_one(case: Any, base_url: str, key: str, finished_batch: str) -> None:
                 and case.meta.generation.mode.is_positive and response.status_code in STATEFUL_CREATE_REFUSALS:
             assert body["error"]["code"] == STATEFUL_CREATE_REFUSALS[response.status_code], where
         operation_id = case.operation.definition.raw.get("operationId")
+        if operation_id == "retryBatch" and case.meta is not None and case.meta.generation.mode.is_positive \
+                and response.status_code in STATEFUL_RETRY_REFUSALS:
+            assert body["error"]["code"] in STATEFUL_RETRY_REFUSALS[response.status_code], where
         if operation_id in STATEFUL_WEBHOOK_REFUSALS and case.meta is not None \
                 and case.meta.generation.mode.is_positive and response.status_code == 400:
             reasons = STATEFUL_WEBHOOK_REFUSALS[operation_id]

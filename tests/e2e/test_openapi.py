@@ -30,6 +30,7 @@ RETRIEVE = ("/batches/{batch_id}", "get")
 DELETE = ("/batches/{batch_id}", "delete")
 RESULTS = ("/batches/{batch_id}/results", "get")
 CANCEL = ("/batches/{batch_id}/cancel", "post")
+RETRY = ("/batches/{batch_id}/retry", "post")  # ours beyond the spec's six (issue 33)
 ENDPOINTS = "/webhook_endpoints"
 ENDPOINT = "/webhook_endpoints/{endpoint_id}"
 WEBHOOKS = {(ENDPOINTS, "post"), (ENDPOINTS, "get"), (ENDPOINT, "get"), (ENDPOINT, "post"), (ENDPOINT, "delete"),
@@ -96,9 +97,9 @@ def test_the_document_is_valid_openapi_3_1():
     assert SPEC["openapi"].startswith("3.1")
 
 
-def test_the_document_has_the_six_endpoints_the_webhook_routes_and_their_errors():
+def test_the_document_has_the_six_endpoints_the_retry_the_webhook_routes_and_their_errors():
     operations = {(path, method) for path, item in SPEC["paths"].items() for method in item if method != "parameters"}
-    assert operations == {CREATE, LIST, RETRIEVE, DELETE, RESULTS, CANCEL} | WEBHOOKS
+    assert operations == {CREATE, LIST, RETRIEVE, DELETE, RESULTS, CANCEL, RETRY} | WEBHOOKS
     statuses = {status for path, method in operations for status in SPEC["paths"][path][method]["responses"]}
     assert {"200", "400", "401", "403", "404", "409", "413", "429"} <= statuses
     assert set(SPEC["paths"][CREATE[0]]["post"]["responses"]) >= {"400", "401", "403", "404", "413", "429"}
@@ -120,8 +121,10 @@ def test_the_batch_schema_names_every_field_of_the_spec():
         "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
         "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata", "cost_usd", "error",
     ]
-    assert list(batch["properties"]) == spec_fields
-    assert batch["required"] == spec_fields
+    # Then ours beyond the spec's, each documented as an addition to it (issue 33).
+    additions = ["retry_of"]
+    assert list(batch["properties"]) == spec_fields + additions
+    assert batch["required"] == spec_fields + additions
     assert batch["properties"]["status"]["enum"] == [
         "validating", "in_progress", "completed", "failed", "expired", "cancelling", "cancelled",
     ]
@@ -143,7 +146,7 @@ def test_the_schemas_have_teeth():
         "expires_at": 1793016000, "finalizing_at": None, "completed_at": None, "failed_at": None,
         "expired_at": None, "cancelling_at": None, "cancelled_at": None,
         "request_counts": {"total": 2, "completed": 0, "failed": 0}, "metadata": {"project": "eval-42"},
-        "cost_usd": 0.0, "error": None,
+        "cost_usd": 0.0, "error": None, "retry_of": None,
     }
     component("Batch", batch)
     broken = [
@@ -190,6 +193,14 @@ def test_create_retrieve_list_results_cancel_delete_conform(stack, key):
     conforms(api.get("/batches", params={"limit": 100, "after": batch["id"]}), LIST, 200)
     conforms(api.get("/batches"), LIST, 200)
 
+    # retry: the failed request as a new batch; nothing cancelled to retry
+    child = conforms(api.post(f"/batches/{batch['id']}/retry", json={"metadata": None}), RETRY, 200)
+    assert child["retry_of"] == batch["id"] and child["request_counts"]["total"] == 1 and child["metadata"] is None
+    nothing = conforms(api.post(f"/batches/{batch['id']}/retry", json={"statuses": ["cancelled"]}), RETRY, 400)
+    assert nothing["error"]["code"] == "nothing_to_retry"
+    unknown = conforms(api.post(f"/batches/{batch['id']}/retry", json={"statuses": ["queued"]}), RETRY, 400)
+    assert unknown["error"]["param"] == "statuses"
+
     unchanged = conforms(api.post(f"/batches/{batch['id']}/cancel"), CANCEL, 200)
     assert unchanged["status"] == "completed"
     deleted = conforms(api.delete(f"/batches/{batch['id']}"), DELETE, 200)
@@ -229,6 +240,8 @@ def test_running_cancelling_and_cancelled_conform_and_delete_while_running_is_40
 
     conflict = conforms(api.delete(f"/batches/{batch_id}"), DELETE, 409)
     assert conflict["error"]["message"]
+    not_final = conforms(api.post(f"/batches/{batch_id}/retry"), RETRY, 409)
+    assert not_final["error"]["code"] == "batch_not_final"
 
     cancelling = conforms(api.post(f"/batches/{batch_id}/cancel"), CANCEL, 200)
     assert cancelling["status"] in {"cancelling", "cancelled"} and cancelling["cancelling_at"] is not None
@@ -298,6 +311,7 @@ def test_401_answers_conform_on_every_endpoint(stack, headers):
         (RETRIEVE, "GET", f"/batches/{MISSING_ID}", {}),
         (RESULTS, "GET", f"/batches/{MISSING_ID}/results", {}),
         (CANCEL, "POST", f"/batches/{MISSING_ID}/cancel", {}),
+        (RETRY, "POST", f"/batches/{MISSING_ID}/retry", {}),
         (DELETE, "DELETE", f"/batches/{MISSING_ID}", {}),
     ]
     for operation, method, path, kwargs in calls:
@@ -310,6 +324,7 @@ def test_403_for_an_account_that_may_not_create_batches(stack):
     standard = stack.create_key("e2e-openapi-standard", tier="standard")
     body = conforms(stack.api(standard).create_batch([request("a")]), CREATE, 403)
     assert body["error"]["type"] == "permission_error"
+    assert conforms(stack.api(standard).post(f"/batches/{MISSING_ID}/retry"), RETRY, 403) == body
     conforms(stack.api(standard).get("/batches"), LIST, 200)  # reading still works
 
 
@@ -321,6 +336,7 @@ def test_404_answers_conform_on_every_batch_endpoint(stack, key):
         conforms(api.get(f"/batches/{batch_id}"), RETRIEVE, 404)
         conforms(api.get(f"/batches/{batch_id}/results"), RESULTS, 404)
         conforms(api.post(f"/batches/{batch_id}/cancel"), CANCEL, 404)
+        conforms(api.post(f"/batches/{batch_id}/retry"), RETRY, 404)
         body = conforms(api.delete(f"/batches/{batch_id}"), DELETE, 404)
         assert body["error"]["type"] == "not_found_error" and batch_id in body["error"]["message"]
 
@@ -343,6 +359,7 @@ def test_429_when_the_daily_quota_is_used_up(stack):
         (api.get(f"/batches/{MISSING_ID}"), RETRIEVE),
         (api.get(f"/batches/{MISSING_ID}/results"), RESULTS),
         (api.post(f"/batches/{MISSING_ID}/cancel"), CANCEL),
+        (api.post(f"/batches/{MISSING_ID}/retry"), RETRY),
         (api.delete(f"/batches/{MISSING_ID}"), DELETE),
     ]:
         body = conforms(answer, operation, 429)

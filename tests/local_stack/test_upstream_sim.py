@@ -130,6 +130,17 @@ def test_status_directive_answers_every_attempt(sim):
     assert sim.attempts_by_request["b:1"] == 3
 
 
+def test_status_until_directive_answers_its_status_until_the_gate_opens(sim):
+    # Given a request that fails with 400 until gate "fixed" opens
+    assert [chat(sim, "[sim:status=400 until=fixed] hi", request_id="b:2").status_code for _ in range(2)] == [400, 400]
+    # When the test opens the gate, then it (and any other request naming it) succeeds from now on
+    sim.open_gate("fixed")
+    assert chat(sim, "[sim:status=400 until=fixed] hi", request_id="b:2").status_code == 200
+    assert chat(sim, "[sim:status=400 until=fixed] hi", request_id="b:3").status_code == 200
+    # And another gate's request still fails
+    assert chat(sim, "[sim:status=503 until=other] hi", request_id="b:4").status_code == 503
+
+
 def test_fail_directive_fails_first_n_attempts_per_request_id(sim):
     codes = [chat(sim, "[sim:fail=429*2] hello", request_id="batch_x:7").status_code for _ in range(3)]
     assert codes == [429, 429, 200]

@@ -42,6 +42,7 @@ def test_missing_unknown_revoked_and_expired_keys_are_401(harness, style):
         ("GET", f"/v1/batches/batch_{'0' * 32}", None),
         ("GET", f"/v1/batches/batch_{'0' * 32}/results", None),
         ("POST", f"/v1/batches/batch_{'0' * 32}/cancel", None),
+        ("POST", f"/v1/batches/batch_{'0' * 32}/retry", None),
         ("DELETE", f"/v1/batches/batch_{'0' * 32}", None),
     ]
     for label, sent, fragments in cases:

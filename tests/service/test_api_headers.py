@@ -51,6 +51,7 @@ def test_a_method_a_path_does_not_take_is_405_with_allow_in_the_error_shape(harn
         ("PATCH", f"/v1/batches/{MISSING}", "DELETE, GET"),
         ("TRACE", f"/v1/batches/{MISSING}/results", "GET"),
         ("GET", f"/v1/batches/{MISSING}/cancel", "POST"),
+        ("PUT", f"/v1/batches/{MISSING}/retry", "POST"),
         ("HEAD", "/v1/webhook_endpoints", "GET, POST"),
         ("PUT", "/v1/webhook_endpoints/we_1", "DELETE, GET, POST"),
         ("GET", "/v1/webhook_endpoints/we_1/rotate_secret", "POST"),

@@ -27,6 +27,7 @@ def test_bad_limit_and_after_are_400_and_unknown_batches_404(harness):
             ("GET", f"/v1/batches/{batch_id}"),
             ("GET", f"/v1/batches/{batch_id}/results"),
             ("POST", f"/v1/batches/{batch_id}/cancel"),
+            ("POST", f"/v1/batches/{batch_id}/retry"),
             ("DELETE", f"/v1/batches/{batch_id}"),
         ):
             error = check.expect(f"{method} {path}", 404, method, path, contains=("not found",))
@@ -48,7 +49,7 @@ def test_another_accounts_batch_is_not_found_everywhere_and_not_listed(harness):
     check = Checker(harness)
     nowhere = f"batch_{'0' * 32}"
     # Then every endpoint answers 404 to the stranger, as for a batch that does not exist
-    for method, suffix in (("GET", ""), ("GET", "/results"), ("POST", "/cancel"), ("DELETE", "")):
+    for method, suffix in (("GET", ""), ("GET", "/results"), ("POST", "/cancel"), ("POST", "/retry"), ("DELETE", "")):
         error = check.expect(
             f"stranger {method} {suffix}",
             404,

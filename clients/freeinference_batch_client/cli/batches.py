@@ -1,11 +1,12 @@
 """`freeinference-batch status / list / cancel / delete`: a batch id, or every batch of a job
-manifest."""
+manifest; `retry`: a batch id."""
 
 from __future__ import annotations
 
 import json
 
 import click
+from freeinference_batch.core.schemas import RETRYABLE_STATUSES
 
 from freeinference_batch_client.cli.common import (
     Target,
@@ -71,6 +72,35 @@ def cancel(target: str) -> None:
     for batch_id in job.batch_ids:
         batch = client.cancel(batch_id)
         click.echo(f"{batch.id}  {batch.status:<11}  {describe_counts(batch)}")
+
+
+def _statuses(_: click.Context, __: click.Parameter, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    statuses = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [status for status in statuses if status not in RETRYABLE_STATUSES]
+    if not statuses or unknown:
+        raise click.BadParameter(f"give statuses from {', '.join(RETRYABLE_STATUSES)}, separated by commas"
+                                 + (f" (not {', '.join(unknown)})" if unknown else ""))
+    return statuses
+
+
+@click.command()
+@click.argument("batch_id")
+@click.option("--status", "statuses", callback=_statuses, metavar="STATUS[,STATUS...]",
+              help="Which requests to run again, by their result status: failed, expired, cancelled, completed "
+                   "[default: failed,expired].")
+@click.option("--json", "as_json", is_flag=True, help="Print the new batch object as JSON.")
+@friendly_errors
+def retry(batch_id: str, statuses: list[str] | None, as_json: bool) -> None:
+    """Run a finished BATCH_ID's failed and expired requests again, as a new batch (its id is printed)."""
+    batch = make_client().retry(batch_id, statuses)
+    if as_json:
+        click.echo(json.dumps(batch.model_dump(mode="json")))
+        return
+    click.echo(f"{batch.id}  {batch.status:<11}  {describe_counts(batch)}  (retry of {batch.retry_of})")
+    echo_err(f"Later: freeinference-batch results {batch.id} --merged -o out.jsonl (every request of "
+             f"{batch.retry_of}, each with its latest outcome)")
 
 
 @click.command()

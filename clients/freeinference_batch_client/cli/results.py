@@ -1,5 +1,6 @@
 """Waiting for a job's batches (a progress bar each) and writing their results as OpenAI output
-files: the `results` command, and `submit --wait / -o`."""
+files: the `results` command (`--merged`: a batch and the batches it retries, each custom_id's
+latest outcome), and `submit --wait / -o`."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from freeinference_batch_client import openai_files
+from freeinference_batch_client import openai_files, retries
 from freeinference_batch_client.cli.common import (
     DEFAULT_POLL_SECONDS,
     Target,
@@ -78,6 +79,12 @@ def print_summary(batches: list[Batch]) -> None:
 
 
 def write_results(client: BatchClient, target: Target, output: Path, errors_path: Path | None) -> None:
+    write_lines((_result_dicts(client, batch_id) for batch_id in target.batch_ids), output, errors_path)
+
+
+def write_lines(sources: Iterable[Iterable[dict]], output: Path, errors_path: Path | None) -> None:
+    """Result lines, one source after another, as OpenAI output lines (failures to `errors_path`
+    when given): written whole or not at all."""
     temporary = [output.with_name(f".{output.name}.partial")]
     if errors_path is not None:
         temporary.append(errors_path.with_name(f".{errors_path.name}.partial"))
@@ -90,9 +97,8 @@ def write_results(client: BatchClient, target: Target, output: Path, errors_path
                 return lambda line: openai_files.write_jsonl_lines(handle, [line])
 
             ok = bad = 0
-            for batch_id in target.batch_ids:
-                got = openai_files.split_outputs(_result_dicts(client, batch_id), writer(out),
-                                                 writer(err) if err is not None else None)
+            for lines in sources:
+                got = openai_files.split_outputs(lines, writer(out), writer(err) if err is not None else None)
                 ok, bad = ok + got[0], bad + got[1]
         os.replace(temporary[0], output)
         if errors_path is not None:
@@ -111,6 +117,22 @@ def _result_dicts(client: BatchClient, batch_id: str) -> Iterator[dict]:
         yield line.model_dump(mode="json")
 
 
+def write_merged(client: BatchClient, job: Target, output: Path, errors_path: Path | None) -> None:
+    """`results --merged`: the batch and the batches it retries, each custom_id's latest outcome,
+    in the order first submitted. An ancestor deleted meanwhile ends the chain: what remains is
+    merged, and stderr says so."""
+    chain = retries.lineage(client, job.batch_ids[0])
+    ids = ", ".join(batch.id for batch in chain.batches)
+    count = f"{len(chain.batches)} batch{'' if len(chain.batches) == 1 else 'es'}"
+    if chain.deleted is not None:
+        echo_err(f"{chain.deleted}, which {chain.batches[-1].id} retries, no longer exists (deleted, or past its "
+                 f"retention): merging what remains, {count} ({ids}); requests that only it held are missing")
+    else:
+        echo_err(f"merging {count}, newest first: {ids}")
+    merged = (line.model_dump(mode="json") for line in retries.merged_results(client, chain))
+    write_lines([merged], output, errors_path)
+
+
 @click.command()
 @click.argument("target")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -118,11 +140,17 @@ def _result_dicts(client: BatchClient, batch_id: str) -> Iterator[dict]:
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write failed, cancelled and expired requests here instead of to the output file.")
 @click.option("--wait", is_flag=True, help="Wait for unfinished batches instead of refusing.")
+@click.option("--merged", is_flag=True,
+              help="TARGET is a batch id: follow the batches it retries (retry_of) back to the first, and write "
+                   "each custom_id once, with its latest outcome, in the order first submitted.")
 @click.option("--poll-interval", type=click.FloatRange(min=0.01), default=DEFAULT_POLL_SECONDS, show_default=True)
 @friendly_errors
-def results(target: str, output: Path, errors_path: Path | None, wait: bool, poll_interval: float) -> None:
+def results(target: str, output: Path, errors_path: Path | None, wait: bool, merged: bool,
+            poll_interval: float) -> None:
     """Write the results of a batch ID or a job MANIFEST as an OpenAI output file."""
     job = Target(target)
+    if merged and job.manifest is not None:
+        raise click.ClickException("--merged takes a batch id (the latest retry of a batch), not a job manifest")
     job.require_complete("ask for the results")
     client = make_client()
     job.check_base_url(client)
@@ -134,4 +162,7 @@ def results(target: str, output: Path, errors_path: Path | None, wait: bool, pol
         if unfinished:
             listed = "; ".join(f"{batch.id} is {batch.status} ({describe_counts(batch)})" for batch in unfinished)
             raise click.ClickException(f"not finished yet: {listed}. Pass --wait to wait for it")
-    write_results(client, job, output, errors_path)
+    if merged:
+        write_merged(client, job, output, errors_path)
+    else:
+        write_results(client, job, output, errors_path)

@@ -190,7 +190,8 @@ def _adopt_created(client: BatchClient, manifest: Manifest, path: Path) -> None:
         if batch.created_at < oldest:
             break
         found = batch.metadata or {}
-        if found.get(openai_files.JOB_KEY) != manifest.job_id:
+        # A retry of a part carries the part's metadata (a retry keeps its parent's): not the part.
+        if found.get(openai_files.JOB_KEY) != manifest.job_id or batch.retry_of is not None:
             continue
         number = found.get(openai_files.PART_KEY, "").partition("/")[0]
         part = missing.pop(number, None)

@@ -18,7 +18,7 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from botocore.exceptions import BotoCoreError, ClientError
 
 from freeinference_batch import accounts
-from freeinference_batch.batches import operations, results
+from freeinference_batch.batches import operations, results, retry
 from freeinference_batch.core import aws
 from freeinference_batch.core.errors import ApiError, MethodNotAllowed, NotFound, ServiceUnavailable
 from freeinference_batch.core.observability import log_status_change, logger
@@ -89,19 +89,27 @@ def _raw_body() -> bytes:
     return base64.b64decode(body) if event.is_base64_encoded else body.encode()
 
 
-@app.post("/v1/batches")
-def create_batch() -> Response:
-    principal = _principal()
-    headers = {name.lower(): value for name, value in (app.current_event.headers or {}).items()}
-    created = operations.create_batch(get_settings(), principal, _raw_body(), headers.get("content-encoding"),
-                                   headers.get("idempotency-key"))
+def _headers() -> dict[str, str]:
+    return {name.lower(): value for name, value in (app.current_event.headers or {}).items()}
+
+
+def _created(principal: accounts.Principal, created: operations.Created) -> Response:
+    """A create's answer, or a retry's (the same): the new batch, or the replayed one."""
     batch = created.batch
     if created.replayed:
         logger.info("batch create replayed", extra={"batch_id": batch["id"], "account_id": principal.account_id})
         return _json(200, batch, {"Idempotent-Replayed": "true"})
     log_status_change("batch created", batch["id"], batch["status"], None, account_id=principal.account_id,
-                      requests=batch["request_counts"]["total"])
+                      requests=batch["request_counts"]["total"], retry_of=batch["retry_of"])
     return _json(200, batch)
+
+
+@app.post("/v1/batches")
+def create_batch() -> Response:
+    principal = _principal()
+    headers = _headers()
+    return _created(principal, operations.create_batch(get_settings(), principal, _raw_body(),
+                                                       headers.get("content-encoding"), headers.get("idempotency-key")))
 
 
 @app.get("/v1/batches")
@@ -129,6 +137,14 @@ def cancel_batch(batch_id: str) -> Response:
     batch = operations.cancel_batch(get_settings(), principal, batch_id)
     logger.info("batch cancel", extra={"batch_id": batch_id, "status": batch["status"]})
     return _json(200, batch)
+
+
+@app.post("/v1/batches/<batch_id>/retry")
+def retry_batch(batch_id: str) -> Response:
+    principal = _principal()
+    headers = _headers()
+    return _created(principal, retry.retry_batch(get_settings(), principal, batch_id, _raw_body(),
+                                                 headers.get("content-encoding"), headers.get("idempotency-key")))
 
 
 @app.delete("/v1/batches/<batch_id>")

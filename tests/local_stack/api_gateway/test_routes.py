@@ -24,6 +24,7 @@ def test_routes_come_from_the_template_http_api_events():
         "GET /v1/batches/{batch_id}",
         "GET /v1/batches/{batch_id}/results",
         "POST /v1/batches/{batch_id}/cancel",
+        "POST /v1/batches/{batch_id}/retry",
         "DELETE /v1/batches/{batch_id}",
     } <= keys
 
@@ -37,6 +38,8 @@ def test_the_template_sends_a_method_a_path_does_not_declare_to_the_api_and_unkn
     for method in ("PUT", "PATCH", "TRACE", "HEAD", "OPTIONS"):
         assert select_route(routes, method, "/v1/batches")[0].route_key == "ANY /v1/batches"
     assert select_route(routes, "GET", "/v1/batches/b1/cancel")[0].route_key == "ANY /v1/batches/{batch_id}/cancel"
+    assert select_route(routes, "POST", "/v1/batches/b1/retry")[0].route_key == "POST /v1/batches/{batch_id}/retry"
+    assert select_route(routes, "GET", "/v1/batches/b1/retry")[0].route_key == "ANY /v1/batches/{batch_id}/retry"
     assert select_route(routes, "PUT", "/v1/webhook_endpoints/we_1/test")[0].route_key \
         == "ANY /v1/webhook_endpoints/{endpoint_id}/test"
     assert select_route(routes, "PUT", "/v1/nothing") is None

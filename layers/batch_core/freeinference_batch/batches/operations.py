@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import dispatch, idempotency, lifecycle, validation, views
 from freeinference_batch.core import clock, pages
-from freeinference_batch.core.catalog import load_catalog
+from freeinference_batch.core.catalog import Catalog, load_catalog
 from freeinference_batch.core.errors import (
     BadRequest,
     Conflict,
@@ -24,7 +24,7 @@ from freeinference_batch.core.errors import (
     busy,
 )
 from freeinference_batch.core.observability import log_status_change, logger
-from freeinference_batch.core.schemas import BatchStatus, DeletedBatch, Page, RequestMessage
+from freeinference_batch.core.schemas import BatchStatus, CheckedRequest, DeletedBatch, Page, RequestMessage
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.ops import schedules
 from freeinference_batch.store import batch_status, input_chunks
@@ -120,12 +120,18 @@ class Created:
     replayed: bool = False
 
 
-def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None,
-                 idempotency_key: str | None = None) -> Created:
+def may_create(settings: Settings, principal: Principal) -> Catalog:
+    """The catalog, once the principal's tier may create batches (403 otherwise)."""
     catalog = load_catalog(settings.model_catalog_path)
     if not catalog.tier_may_batch(principal.tier):
         raise Forbidden("Batch inference is available to internal accounts only; "
                         f"this key's account tier is {principal.tier!r}")
+    return catalog
+
+
+def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None,
+                 idempotency_key: str | None = None) -> Created:
+    catalog = may_create(settings, principal)
     raw = decode_body(body, content_encoding, settings.batch_max_body_bytes)
     key = idempotency.parse(principal.account_id, idempotency_key, raw)
     if key is not None:
@@ -134,7 +140,16 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         if original is not None:
             return Created(original, replayed=True)
     requests, metadata = validation.parse_create_body(raw, catalog, principal.tier, settings.batch_max_requests)
+    return store_batch(settings, principal, catalog, requests, metadata, key)
 
+
+def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requests: list[CheckedRequest],
+                metadata: dict[str, str] | None, key: idempotency.IdempotencyKey | None, *,
+                retry_of: str | None = None) -> Created:
+    """Store a new batch of checked requests and start it: the one writer of a batch, for a create
+    and for a retry's child alike. Every item but META first, then META with the account's
+    unfinished count (and the Idempotency-Key's record) in one transaction: the batch is visible
+    whole or not at all, however large."""
     table = BatchTable(settings)
     now = clock.now(settings.clock_offset_file)
     created_at = int(now)
@@ -172,7 +187,8 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
     #    concurrent creates cannot both pass the limit.
     meta = batch_status.new_meta(batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
                                  created_at=created_at, window_seconds=window, total=len(requests), metadata=metadata,
-                                 id_base=id_base, chunk_starts=chunk_starts, lane_widths=lane_widths, ttl=ttl)
+                                 id_base=id_base, chunk_starts=chunk_starts, lane_widths=lane_widths, ttl=ttl,
+                                 retry_of=retry_of)
     elements = batch_status.create(settings, meta)
     # The answer from the item as written, read the way every later read reads it.
     answer = views.batch_object(BatchRecord.model_validate(meta))

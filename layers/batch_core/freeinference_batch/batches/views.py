@@ -57,12 +57,14 @@ def batch_object(meta: BatchRecord) -> dict[str, Any]:
         expired_at=meta.expired_at,
         cancelling_at=meta.cancelling_at,
         cancelled_at=meta.cancelled_at,
+        retry_of=meta.retry_of,
     )
     return obj.model_dump(mode="json")
 
 
-def result_line(meta: BatchRecord, result_id: str, custom_id: str, state: dict | None,
-                response: dict | None) -> dict[str, Any]:
+def result_status(meta: BatchRecord, state: dict | None) -> tuple[str, dict | None]:
+    """A request's status and error as its result line shows them, from its item (None: it never
+    ran) and its batch's status: what a results page shows, and what a retry chooses by."""
     status = state["status"] if state else RequestStatus.QUEUED
     error = state.get("error") if state else None
     if (status not in (RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.RUNNING)
@@ -70,6 +72,12 @@ def result_line(meta: BatchRecord, result_id: str, custom_id: str, state: dict |
         # A request waiting for its retry did run: it keeps the error of its last attempt.
         status, batch_error = NOT_STARTED[meta.status]
         error = error or batch_error
+    return status, error
+
+
+def result_line(meta: BatchRecord, result_id: str, custom_id: str, state: dict | None,
+                response: dict | None) -> dict[str, Any]:
+    status, error = result_status(meta, state)
     line = ResultLine(
         id=result_id,
         custom_id=custom_id,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple, NotRequired
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, NotRequired, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -12,9 +13,12 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     StrictBool,
     StrictStr,
+    ValidationError,
     model_serializer,
 )
 from typing_extensions import TypedDict
+
+from freeinference_batch.core.errors import BadRequest
 
 
 class BatchStatus(StrEnum):
@@ -116,12 +120,48 @@ class CreateBatchDict(TypedDict):
     metadata: NotRequired[dict[StrictStr, StrictStr] | None]
 
 
+# The result statuses a retry may take again: the final ones (a final batch has no other).
+RETRYABLE_STATUSES = ("failed", "expired", "cancelled", "completed")
+DEFAULT_RETRY_STATUSES = ("failed", "expired")
+
+
+class RetryBatchBody(BaseModel):
+    """The body of `POST /v1/batches/{batch_id}/retry`, all of it optional. Statuses are plain
+    strings here so that one outside RETRYABLE_STATUSES is refused naming it (batches/retry.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    statuses: list[StrictStr] = Field(default_factory=lambda: list(DEFAULT_RETRY_STATUSES), min_length=1)
+    # Left out: the child takes the parent's metadata; null: none.
+    metadata: dict[StrictStr, StrictStr] | None = None
+
+
 class CheckedRequest(NamedTuple):
     """A request that passed every check, its body kept as the JSON bytes sent upstream."""
 
     custom_id: str
     model: str
     body: bytes
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Body:
+    """A small JSON body (a retry's, a webhook endpoint's) as its model; an empty body is `{}`.
+    Refused with 400 naming the first field at fault."""
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise BadRequest(f"The body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("The body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise BadRequest(f"Invalid body: {where}: {first['msg']}", param=where) from None
 
 
 # ---- answers ------------------------------------------------------------------------------
@@ -156,6 +196,8 @@ class BatchObject(BaseModel):
     metadata: dict[str, str] | None = None
     cost_usd: float
     error: dict[str, Any] | None = None
+    # Beyond the spec's object (like cost_usd and error): the batch this one retries, else null.
+    retry_of: str | None = None
 
 
 class _OmitsNone(BaseModel):
@@ -332,6 +374,7 @@ class BatchStatusChange(BaseModel):
     cost_usd: float
     created_at: int
     metadata: dict[str, str] | None
+    retry_of: str | None = None
 
 
 # ---- internal -----------------------------------------------------------------------------

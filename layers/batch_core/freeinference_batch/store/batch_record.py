@@ -53,6 +53,8 @@ class BatchRecord(BaseModel):
     cost_nano: int = 0
 
     metadata: dict[str, str] | None = None
+    # Written at create on a batch made by a retry (the parent's id); absent on every other batch.
+    retry_of: str | None = None
     # Set when the owner lost the right to run it: no request starts, and the batch fails once
     # none runs; the same map then becomes `error`.
     failing: dict[str, Any] | None = None

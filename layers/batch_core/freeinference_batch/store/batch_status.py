@@ -44,9 +44,10 @@ TTL_AFTER_PURGE_SECONDS = 3 * 86400
 
 def new_meta(batch_id: str, *, account_id: str, key_hash: str, created_at: int, window_seconds: int, total: int,
              metadata: dict[str, str] | None, id_base: int, chunk_starts: list[int], lane_widths: dict[str, int],
-             ttl: int) -> dict[str, Any]:
-    """The META item of a new batch, as `create` writes it (and as its first answer reads it)."""
-    return {
+             ttl: int, retry_of: str | None = None) -> dict[str, Any]:
+    """The META item of a new batch, as `create` writes it (and as its first answer reads it).
+    `retry_of` only on a retry's child: every other batch's item stays as it was, no bigger."""
+    meta = {
         "pk": batch_pk(batch_id), "sk": META, "id": batch_id,
         "owner": account_id, "account_id": account_id, "key_hash": key_hash,
         "created_key": created_key(batch_id),
@@ -55,6 +56,9 @@ def new_meta(batch_id: str, *, account_id: str, key_hash: str, created_at: int, 
         "cost_nano": 0, "metadata": metadata, "id_base": id_base, "chunk_starts": chunk_starts,
         "lane_widths": lane_widths, "open_shard": OPEN_SHARD, "ttl": ttl,
     }
+    if retry_of is not None:
+        meta["retry_of"] = retry_of
+    return meta
 
 
 def create(settings: Settings, meta: dict[str, Any]) -> list[dict]:

@@ -48,6 +48,21 @@ class RequestItems:
         ):
             yield int(item["sk"][4:]), item
 
+    def request_statuses(self, batch_id: str, total: int) -> dict[int, str]:
+        """The status of each of the batch's requests that has an item, by position: what a retry
+        chooses its requests by. Only the status comes back, never the responses that make the
+        items large (DynamoDB still bills the whole items read), so the answer of a batch of
+        50,000 stays a few MB."""
+        if total <= 0:
+            return {}
+        return {int(item["sk"][4:]): item["status"] for item in query_all(
+            TableName=self.name,
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
+            ExpressionAttributeValues=values(pk=batch_pk(batch_id), lo="REQ#000000000", hi=f"REQ#{total - 1:09d}"),
+            ProjectionExpression="sk, #status", ExpressionAttributeNames={"#status": "status"},
+            ConsistentRead=True,
+        )}
+
     def get_outcomes(self, batch_id: str, positions: list[int]) -> dict[int, tuple[str, int, float]]:
         """(status, cost, finished_at) of those of the given requests that have a state: what
         counting them needs (the day a cost is charged to is the day its request finished), without

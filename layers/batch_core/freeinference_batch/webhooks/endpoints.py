@@ -9,13 +9,9 @@ rules are urls.py's, the secret signing.py's, the deliveries delivery.py's.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import secrets
-from typing import TypeVar
-
-from pydantic import BaseModel, ValidationError
 
 from freeinference_batch.accounts import Principal
 from freeinference_batch.core import clock
@@ -33,13 +29,12 @@ from freeinference_batch.core.schemas import (
     WebhookRotateSecretBody,
     WebhookTestBody,
     WebhookUpdateBody,
+    parse_body,
 )
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.dynamo import TransactionConflict
 from freeinference_batch.store.webhook_endpoints import EndpointRecord, TooManyEndpoints, WebhookEndpoints
 from freeinference_batch.webhooks import delivery, signing, urls
-
-Model = TypeVar("Model", bound=BaseModel)
 
 ENDPOINT_ID = re.compile(r"we_[0-9a-f]{32}")
 EVENT_TYPES = [member.value for member in WebhookEventType]
@@ -61,21 +56,6 @@ def _may_manage(settings: Settings, principal: Principal) -> None:
     if not load_catalog(settings.model_catalog_path).tier_may_batch(principal.tier):
         raise Forbidden("Batch inference is available to internal accounts only; "
                         f"this key's account tier is {principal.tier!r}")
-
-
-def _body(raw: bytes, model: type[Model]) -> Model:
-    try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as error:
-        raise BadRequest(f"The body is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("The body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "body"
-        raise BadRequest(f"Invalid body: {where}: {first['msg']}", param=where) from None
 
 
 def _event_types(given: list[str]) -> list[str]:
@@ -117,7 +97,7 @@ def _owned(settings: Settings, principal: Principal, endpoint_id: str) -> Endpoi
 def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
                     resolver: urls.Resolver | None = None) -> dict:
     _may_manage(settings, principal)
-    body = _body(raw, WebhookCreateBody)
+    body = parse_body(raw, WebhookCreateBody)
     event_types = _event_types(body.event_types)
     url = _checked_url(settings, body.url, resolver)
     now = clock.now(settings.clock_offset_file)
@@ -157,7 +137,7 @@ def get_endpoint(settings: Settings, principal: Principal, endpoint_id: str) -> 
 def update_endpoint(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes,
                     resolver: urls.Resolver | None = None) -> dict:
     record = _owned(settings, principal, endpoint_id)
-    body = _body(raw, WebhookUpdateBody)
+    body = parse_body(raw, WebhookUpdateBody)
     fields: dict[str, object] = {}
     if body.url is not None:
         fields["url"] = _checked_url(settings, body.url, resolver)
@@ -188,7 +168,7 @@ def delete_endpoint(settings: Settings, principal: Principal, endpoint_id: str) 
 
 def rotate_secret(settings: Settings, principal: Principal, endpoint_id: str, raw: bytes) -> dict:
     record = _owned(settings, principal, endpoint_id)
-    body = _body(raw, WebhookRotateSecretBody)
+    body = parse_body(raw, WebhookRotateSecretBody)
     now = clock.now(settings.clock_offset_file)
     nonce = signing.new_nonce()
     secret = signing.derive_secret(signing.signing_key(settings), endpoint_id, nonce)
@@ -209,7 +189,7 @@ def test_endpoint(settings: Settings, principal: Principal, endpoint_id: str, ra
     connection, no answer in time, a URL refused now) is a 400 saying which: OpenAI's test result
     has no place for "no status". At most one per endpoint per WEBHOOK_TEST_INTERVAL_SECONDS (429)."""
     record = _owned(settings, principal, endpoint_id)
-    body = _body(raw, WebhookTestBody)
+    body = parse_body(raw, WebhookTestBody)
     event_type = _event_types([body.event_type])[0]
     now = int(clock.now(settings.clock_offset_file))
     # One test delivery per endpoint per interval: the route is otherwise a POST source at the

@@ -55,7 +55,7 @@ def status_change(record: dict[str, Any]) -> tuple[BatchStatusChange, BatchRecor
     change = BatchStatusChange(
         batch_id=meta.id, account_id=meta.account_id, status=meta.status, previous_status=before["status"],
         request_counts=views.request_counts(meta), cost_usd=views.batch_object(meta)["cost_usd"],
-        created_at=meta.created_at, metadata=meta.metadata,
+        created_at=meta.created_at, metadata=meta.metadata, retry_of=meta.retry_of,
     )
     return change, meta
 
