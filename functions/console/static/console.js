@@ -35,6 +35,11 @@
     resultsCursors: [null],
     resultsNext: null,
     results: [],
+    readings: [], // the open batch's counts at each refresh, for its recent rate (progress.js)
+    // Each batch's `retry_of`, of every batch this tab has listed or shown: a batch's children are
+    // the ones seen here, so finding them costs no call (a child never listed is not linked).
+    retryOf: new Map(),
+    retryKey: null, // the Idempotency-Key of the open batch's retry until it is answered
     generation: 0, // bumped on every navigation: answers for an older view are dropped
   };
 
@@ -60,10 +65,10 @@
 
   // ---- calls ----------------------------------------------------------------------------
 
-  async function call(method, path, key = apiKey()) {
+  async function call(method, path, key = apiKey(), headers = {}) {
     const response = await fetch(API + path, {
       method,
-      headers: { Authorization: `Bearer ${key}`, Accept: "application/json" },
+      headers: { Authorization: `Bearer ${key}`, Accept: "application/json", ...headers },
       credentials: "omit",
       cache: "no-store",
     });
@@ -106,11 +111,16 @@
     return td;
   }
 
+  const utc = (milliseconds) => `${new Date(milliseconds).toISOString().slice(0, 19).replace("T", " ")} UTC`;
+
   function timestamp(seconds) {
     if (!seconds) return element("span", { text: "—" });
     const date = new Date(seconds * 1000);
-    const text = `${date.toISOString().slice(0, 19).replace("T", " ")} UTC`;
-    return element("time", { text, attributes: { datetime: date.toISOString() } });
+    return element("time", { text: utc(date.getTime()), attributes: { datetime: date.toISOString() } });
+  }
+
+  function batchLink(id) {
+    return element("a", { text: id, attributes: { href: `#/batches/${encodeURIComponent(id)}` } });
   }
 
   function statusBadge(status) {
@@ -168,8 +178,9 @@
     state.refreshTimer = setTimeout(action, REFRESH_MS);
   }
 
-  function confirmAction(title, text, keepLabel, confirmLabel) {
+  function confirmAction(title, text, keepLabel, confirmLabel, danger = true) {
     const dialog = $("confirm-dialog");
+    $("confirm-yes").classList.toggle("danger", danger);
     $("confirm-title").textContent = title;
     $("confirm-text").textContent = text;
     $("confirm-no").textContent = keepLabel;
@@ -241,9 +252,9 @@
 
   function renderBatches(page) {
     const rows = page.data.map((batch) => {
-      const link = element("a", { text: batch.id, attributes: { href: `#/batches/${encodeURIComponent(batch.id)}` } });
+      state.retryOf.set(batch.id, batch.retry_of || null);
       return element("tr", { attributes: { "data-batch-id": batch.id } }, [
-        cell("Batch", link, "id"),
+        cell("Batch", batchLink(batch.id), "id"),
         cell("Status", statusBadge(batch.status)),
         cell("Progress", progress(batch.request_counts)),
         cell("Completed / failed / total", countsText(batch.request_counts), "number"),
@@ -266,12 +277,15 @@
       state.batchId = id;
       state.batch = null;
       state.resultsCursors = [null];
+      state.readings = [];
+      state.retryKey = null;
       $("status-filter").value = "";
       $("batch-details").replaceChildren();
       $("results-table").tBodies[0].replaceChildren();
       // Until its first answer, nothing on the page is about this batch: no action applies yet.
       $("batch-view").setAttribute("aria-busy", "true");
       for (const action of ["download", "cancel", "delete"]) $(action).disabled = true;
+      for (const line of ["retry", "batch-estimate", "batch-waiting"]) $(line).hidden = true;
     }
     showView("batch-view");
     $("batch-title").textContent = id;
@@ -292,6 +306,7 @@
       batch = await call("GET", `/batches/${encodeURIComponent(id)}`);
       page = await call("GET", `/batches/${encodeURIComponent(id)}/results${query}`);
     } catch (error) {
+      if (error instanceof ApiError && error.status === 404) state.retryOf.delete(id); // no longer a child to link
       if (generation === state.generation) failed(error);
       return;
     }
@@ -311,6 +326,11 @@
     $("batch-progress-label").textContent =
       `${counts.completed + counts.failed} of ${counts.total} requests finished (${counts.completed} completed, ` +
       `${counts.failed} failed)`;
+    state.retryOf.set(batch.id, batch.retry_of || null);
+    state.readings = BatchProgress.remember(state.readings, batch, Date.now());
+    showLine("batch-estimate", BatchProgress.describe(batch, state.readings, Date.now(), utc));
+    const waiting = BatchProgress.waitingMessage(batch);
+    showLine("batch-waiting", waiting && `Waiting: ${waiting}`);
     const rows = [
       ["Status", statusBadge(batch.status)],
       ["Completed", counts.completed],
@@ -327,15 +347,29 @@
       ["Expired at", timestamp(batch.expired_at)],
       ["Error", batch.error ? `${batch.error.code || ""}: ${batch.error.message || ""}` : "—"],
       ["Metadata", metadataList(batch.metadata)],
+      ["Retry of", batch.retry_of ? batchLink(batch.retry_of) : "—"],
     ];
+    const children = [...state.retryOf].filter(([, parent]) => parent === batch.id).map(([child]) => child);
+    if (children.length) {
+      const list = element("ul", { className: "lineage" }, children.map((child) => element("li", {}, [batchLink(child)])));
+      rows.push(["Retried by", list]);
+    }
     $("batch-details").replaceChildren(...rows.flatMap(([name, value]) => [
       element("dt", { text: name }),
       value instanceof Node ? element("dd", {}, [value]) : element("dd", { text: value }),
     ]));
     $("cancel").disabled = FINAL.has(batch.status) || batch.status === "cancelling";
+    // `failed` counts the failed and the expired requests: the ones a retry takes by default.
+    $("retry").hidden = !(FINAL.has(batch.status) && counts.failed > 0);
+    $("retry").textContent = `Retry failed (${counts.failed})…`;
     $("download").disabled = false;
     $("delete").disabled = false;
     $("batch-view").setAttribute("aria-busy", "false");
+  }
+
+  function showLine(id, text) {
+    $(id).textContent = text || "";
+    $(id).hidden = !text;
   }
 
   function renderResults(page) {
@@ -398,6 +432,40 @@
     refreshBatch();
   }
 
+  async function retryBatch() {
+    const id = state.batchId;
+    const count = state.batch.request_counts.failed;
+    const yes = await confirmAction(
+      "Retry the failed requests?",
+      `A new batch runs the ${count} failed and expired requests of ${id} again, with the same custom_ids and ` +
+        `bodies; they count against your daily quota as any request does. ${id} itself is not changed.`,
+      "Not now",
+      `Retry ${count}`,
+      false,
+    );
+    if (!yes) return;
+    // One key until the retry is answered: asked again after an answer that was lost, the API
+    // answers the child it made then instead of making another.
+    // (getRandomValues, not randomUUID: the latter exists only on https or localhost pages)
+    state.retryKey = state.retryKey ||
+      `console-${Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("")}`;
+    $("retry").disabled = true;
+    let child;
+    try {
+      child = await call("POST", `/batches/${encodeURIComponent(id)}/retry`, apiKey(),
+        { "Idempotency-Key": state.retryKey });
+    } catch (error) {
+      failed(error);
+      return;
+    } finally {
+      $("retry").disabled = false;
+    }
+    state.retryKey = null;
+    state.retryOf.set(child.id, id);
+    announce(`Batch ${child.id} created: it retries ${child.request_counts.total} requests of ${id}.`);
+    location.hash = `#/batches/${encodeURIComponent(child.id)}`;
+  }
+
   async function deleteBatch() {
     const id = state.batchId;
     const yes = await confirmAction(
@@ -414,6 +482,7 @@
       return;
     }
     announce(`Batch ${id} deleted.`);
+    state.retryOf.delete(id);
     state.batchId = null;
     state.batchesCursors = [null];
     location.hash = "#/";
@@ -525,6 +594,7 @@
     });
     $("status-filter").addEventListener("change", drawResults);
     $("cancel").addEventListener("click", cancelBatch);
+    $("retry").addEventListener("click", retryBatch);
     $("delete").addEventListener("click", deleteBatch);
     $("download").addEventListener("click", download);
     window.addEventListener("hashchange", route);
