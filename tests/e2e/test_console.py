@@ -383,6 +383,7 @@ def test_retry_failed_makes_a_child_batch_and_links_parent_and_child(
     open_batch(browser, origin, parent)
     until(browser, lambda d: visible(d, "retry"), "the retry button")
     assert by_id(browser, "retry").text == "Retry failed (2)…"
+    screenshot(browser, shots, "retry")
 
     # When "Retry failed" is confirmed
     by_id(browser, "retry").click()
@@ -396,7 +397,6 @@ def test_retry_failed_makes_a_child_batch_and_links_parent_and_child(
     child = by_id(browser, "batch-title").text
     assert api.batch(child)["retry_of"] == parent
     assert [line["custom_id"] for line in api.results(child)] == ["t-1", "t-3"]
-    screenshot(browser, shots, "retry")
     browser.find_element(By.CSS_SELECTOR, f'#batch-details a[href="#/batches/{parent}"]').click()
 
     # And the parent, unchanged, links its child
@@ -440,7 +440,9 @@ def test_progress_functions_give_the_rate_finish_and_waiting_message(browser: We
     ]
 
 
-def test_a_running_batchs_page_shows_its_rate_and_estimated_finish(browser: WebDriver, origin: str, api: Api) -> None:
+def test_a_running_batchs_page_shows_its_rate_and_estimated_finish(
+    browser: WebDriver, origin: str, api: Api, shots: Path
+) -> None:
     # Given 40 requests on 4 chains (request i on chain i % 4): chain 0's at once, the others' 1 s
     # each: 10 finish at once, the other 30 some 10 s later
     created = api.create_batch([request(f"p-{i}", "Now" if i % 4 == 0 else "Wait [sim:latency=1]") for i in range(40)])
@@ -458,6 +460,7 @@ def test_a_running_batchs_page_shows_its_rate_and_estimated_finish(browser: WebD
         return (int(done), match) if match and 0 < done < 40 else None
 
     done, match = until(browser, estimate, "a rate and an estimated finish")
+    screenshot(browser, shots, "progress")
     rate, to_go = float(match[1]), int(match[4])
     # (shown rounded to whole seconds, or minutes: each within half of one)
     (running, running_slack), (finish_in, finish_slack) = (

@@ -327,8 +327,9 @@
       `${counts.completed + counts.failed} of ${counts.total} requests finished (${counts.completed} completed, ` +
       `${counts.failed} failed)`;
     state.retryOf.set(batch.id, batch.retry_of || null);
-    state.readings = BatchProgress.remember(state.readings, batch, Date.now());
-    showLine("batch-estimate", BatchProgress.describe(batch, state.readings, Date.now(), utc));
+    const now = Date.now();
+    state.readings = BatchProgress.remember(state.readings, batch, now);
+    showLine("batch-estimate", BatchProgress.describe(batch, state.readings, now, utc));
     const waiting = BatchProgress.waitingMessage(batch);
     showLine("batch-waiting", waiting && `Waiting: ${waiting}`);
     const rows = [
@@ -463,6 +464,7 @@
     state.retryKey = null;
     state.retryOf.set(child.id, id);
     announce(`Batch ${child.id} created: it retries ${child.request_counts.total} requests of ${id}.`);
+    if (state.batchId !== id) return; // the user went elsewhere meanwhile: stay there
     location.hash = `#/batches/${encodeURIComponent(child.id)}`;
   }
 
