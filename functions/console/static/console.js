@@ -37,7 +37,7 @@
     results: [],
     readings: [], // the open batch's counts at each refresh, for its recent rate (progress.js)
     // Each batch's `retry_of`, of every batch this tab has listed or shown: a batch's children are
-    // the ones seen here, so finding them costs no call (a child never listed is not linked).
+    // the ones seen here, so finding them costs no call (a child never listed or opened is not linked).
     retryOf: new Map(),
     retryKey: null, // the Idempotency-Key of the open batch's retry until it is answered
     generation: 0, // bumped on every navigation: answers for an older view are dropped
