@@ -177,8 +177,8 @@ def csp_violations(driver: WebDriver) -> list[str]:
 
 
 def test_every_console_answer_carries_a_csp_without_unsafe_inline(origin: str, stack: StackProcess) -> None:
-    for path in ("/", "/console/console.js", "/console/progress.js", "/console/console.css", "/console/favicon.svg",
-                 "/console/nothing.js"):
+    for path in ("/", "/console/console.js", "/console/progress.js", "/console/api.js", "/console/batch.js",
+                 "/console/console.css", "/console/favicon.svg", "/console/nothing.js"):
         answer = requests.get(origin + path, timeout=30)
         assert answer.status_code == (404 if "nothing" in path else 200), path
         policy = answer.headers["Content-Security-Policy"]
@@ -200,7 +200,7 @@ def test_every_console_answer_carries_a_csp_without_unsafe_inline(origin: str, s
 
 def test_the_console_never_builds_html_from_strings() -> None:
     scripts = sorted((REPO / "functions" / "console" / "static").glob("*.js"))
-    assert [script.name for script in scripts] == ["console.js", "progress.js"]
+    assert [script.name for script in scripts] == ["api.js", "batch.js", "console.js", "progress.js"]
     for script in scripts:
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
             assert sink not in script.read_text(), (script.name, sink)

@@ -1,6 +1,6 @@
 // Progress people can plan by (issue 33): a running batch's rate and estimated finish, and its
 // `waiting` message. Pure functions of a batch object, the readings the page keeps and the time:
-// console.js shows what they answer, and the browser tests call them directly.
+// batch.js shows what they answer, and the browser tests call them directly.
 //
 // A rate is the recent one when the page has watched the batch long enough: the readings it took
 // on its refreshes (one every few seconds, kept in memory for RECENT_MS) span at least
