@@ -177,7 +177,8 @@ def csp_violations(driver: WebDriver) -> list[str]:
 
 
 def test_every_console_answer_carries_a_csp_without_unsafe_inline(origin: str, stack: StackProcess) -> None:
-    for path in ("/", "/console/console.js", "/console/console.css", "/console/favicon.svg", "/console/nothing.js"):
+    for path in ("/", "/console/console.js", "/console/progress.js", "/console/api.js", "/console/batch.js",
+                 "/console/console.css", "/console/favicon.svg", "/console/nothing.js"):
         answer = requests.get(origin + path, timeout=30)
         assert answer.status_code == (404 if "nothing" in path else 200), path
         policy = answer.headers["Content-Security-Policy"]
@@ -198,9 +199,11 @@ def test_every_console_answer_carries_a_csp_without_unsafe_inline(origin: str, s
 
 
 def test_the_console_never_builds_html_from_strings() -> None:
-    script = (REPO / "functions" / "console" / "static" / "console.js").read_text()
-    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
-        assert sink not in script, sink
+    scripts = sorted((REPO / "functions" / "console" / "static").glob("*.js"))
+    assert [script.name for script in scripts] == ["api.js", "batch.js", "console.js", "progress.js"]
+    for script in scripts:
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in script.read_text(), (script.name, sink)
     page = (REPO / "functions" / "console" / "static" / "index.html").read_text()
     assert not re.search(r"<script(?![^>]*\bsrc=)", page), "an inline script"
     assert " style=" not in page and "<style" not in page, "an inline style"
@@ -292,6 +295,7 @@ def test_a_running_batch_progress_moves_in_the_list_and_on_its_page(
     assert by_id(browser, "batch-progress-label").text == "12 of 12 requests finished (12 completed, 0 failed)"
     until(browser, lambda d: len(result_rows(d)) == 12, "12 result rows")
     assert by_id(browser, "cancel").get_attribute("disabled") is not None  # a finished batch
+    assert not visible(browser, "retry") and not visible(browser, "batch-estimate")  # nothing failed, nothing runs
 
 
 def test_the_results_table_pages_filters_and_opens_a_whole_result(
@@ -365,6 +369,110 @@ def test_cancel_asks_first_then_cancels(browser: WebDriver, origin: str, api: Ap
     until(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#batch-details dd").text in {"cancelling", "cancelled"},
           "the page showing it")
     api.wait_for_status(batch_id, "cancelled", timeout=60)
+
+
+def test_retry_failed_makes_a_child_batch_and_links_parent_and_child(
+    browser: WebDriver, origin: str, api: Api, shots: Path
+) -> None:
+    # Given a finished batch of 4, two of them refused by the upstream
+    items = [request(f"t-{i}", "Bad [sim:status=400]" if i % 2 else "Fine") for i in range(4)]
+    created = api.create_batch(items)
+    assert created.status_code == 200, created.text
+    parent = created.json()["id"]
+    api.wait_for_status(parent, "completed", timeout=90)
+    open_batch(browser, origin, parent)
+    until(browser, lambda d: visible(d, "retry"), "the retry button")
+    assert by_id(browser, "retry").text == "Retry failed (2)…"
+    screenshot(browser, shots, "retry")
+
+    # When "Retry failed" is confirmed
+    by_id(browser, "retry").click()
+    until(browser, lambda d: visible(d, "confirm-dialog"), "the confirmation")
+    assert by_id(browser, "confirm-yes").text == "Retry 2"
+    by_id(browser, "confirm-yes").click()
+
+    # Then the page shows the child: the failed two, in order, its "Retry of" a link to the parent
+    until(browser, lambda d: by_id(d, "batch-title").text not in {"", parent}
+          and by_id(d, "batch-view").get_attribute("aria-busy") == "false", "the child's page")
+    child = by_id(browser, "batch-title").text
+    assert api.batch(child)["retry_of"] == parent
+    assert [line["custom_id"] for line in api.results(child)] == ["t-1", "t-3"]
+    browser.find_element(By.CSS_SELECTOR, f'#batch-details a[href="#/batches/{parent}"]').click()
+
+    # And the parent, unchanged, links its child
+    until(browser, lambda d: by_id(d, "batch-title").text == parent and d.find_elements(
+        By.CSS_SELECTOR, f'#batch-details a[href="#/batches/{child}"]'), "the parent linking its child")
+    assert api.batch(parent)["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    assert api.batch(parent)["retry_of"] is None
+
+
+def test_progress_functions_give_the_rate_finish_and_waiting_message(browser: WebDriver, origin: str, key: str) -> None:
+    # Given a batch 10 minutes in progress with 30 of 120 finished (progress.js, called in the page)
+    sign_in(browser, origin, key)
+    told = browser.execute_script("""
+        const now = 1800000000000, start = 1800000000 - 600, when = (ms) => new Date(ms).toISOString();
+        const batch = (status, done, fields = {}) => ({status, in_progress_at: start, expires_at: 1800086400,
+            request_counts: {total: 120, completed: done, failed: done ? 5 : 0}, ...fields});
+        const P = BatchProgress, running = batch("in_progress", 25);
+        return [P.describe(running, [], now, when), P.describe(running, [{at: now - 120000, done: 20}], now, when),
+                P.describe(running, [{at: now - 120000, done: 30}], now, when),
+                P.describe(running, [{at: now - 30000, done: 20}], now, when),
+                P.describe(batch("in_progress", 25, {expires_at: 1800000600}), [], now, when),
+                P.describe(batch("in_progress", 0), [], now, when), P.describe(batch("completed", 25), [], now, when),
+                P.describe(batch("cancelling", 25), [], now, when),
+                P.remember([{at: now - 301000, done: 1}, {at: now - 299000, done: 2}], running, now),
+                [undefined, null, {reason: "concurrency", message: "Every slot is in use"}].map(
+                    (waiting) => P.waitingMessage(batch("in_progress", 25, {waiting})))];
+    """)
+    assert told == [
+        # over its running time (nothing read a minute before): 30 in 10 minutes, 90 to go
+        "3.0 requests a minute over 10 min running; 90 to go, done about 2027-01-15T08:30:00.000Z (in 30 min).",
+        # recent: 10 more in the last 2 minutes; none; readings only 30 s apart count as not recent
+        "5.0 requests a minute over the last 2 min; 90 to go, done about 2027-01-15T08:18:00.000Z (in 18 min).",
+        "No request has finished in the last 2 min: no finish to estimate.",
+        "3.0 requests a minute over 10 min running; 90 to go, done about 2027-01-15T08:30:00.000Z (in 30 min).",
+        "3.0 requests a minute over 10 min running; 90 to go, done about 2027-01-15T08:30:00.000Z (in 30 min). But its "
+        "completion window closes first, at 2027-01-15T08:10:00.000Z: what has not started by then expires.",
+        "Not enough progress yet to estimate a finish: no request has finished.",
+        None, None,  # nothing more runs
+        [{"at": 1800000000000 - 299000, "done": 2}, {"at": 1800000000000, "done": 30}],  # five minutes kept
+        [None, None, "Every slot is in use"],
+    ]
+
+
+def test_a_running_batchs_page_shows_its_rate_and_estimated_finish(
+    browser: WebDriver, origin: str, api: Api, shots: Path
+) -> None:
+    # Given 40 requests on 4 chains (request i on chain i % 4): chain 0's at once, the others' 1 s
+    # each: 10 finish at once, the other 30 some 10 s later
+    created = api.create_batch([request(f"p-{i}", "Now" if i % 4 == 0 else "Wait [sim:latency=1]") for i in range(40)])
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    open_batch(browser, origin, batch_id)
+    shown = re.compile(r"([\d.]+) requests a minute over (\d+) (s|min) running; (\d+) to go, done about "
+                       r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(in (\d+) (s|min)\)\.")
+
+    # When it is part done, its rate and finish follow from its counts and running time
+    def estimate(d: WebDriver) -> tuple[int, re.Match] | None:
+        done, text = d.execute_script("return [document.getElementById('batch-progress').value, "
+                                      "document.getElementById('batch-estimate').textContent]")
+        match = shown.fullmatch(text)
+        return (int(done), match) if match and 0 < done < 40 else None
+
+    done, match = until(browser, estimate, "a rate and an estimated finish")
+    screenshot(browser, shots, "progress")
+    rate, to_go = float(match[1]), int(match[4])
+    # (shown rounded to whole seconds, or minutes: each within half of one)
+    (running, running_slack), (finish_in, finish_slack) = (
+        (int(match[i]) * unit, unit / 2) for i in (2, 5) for unit in [60 if match[i + 1] == "min" else 1])
+    assert to_go == 40 - done
+    # done / running a minute, and the rest at that rate
+    assert done * 60 / (running + running_slack) - 0.5 <= rate <= done * 60 / max(running - running_slack, 0.01) + 0.5
+    assert (to_go * (running - running_slack) / done - finish_slack <= finish_in
+            <= to_go * (running + running_slack) / done + finish_slack)
+    # Then, finished, nothing is estimated any more
+    until(browser, lambda d: by_id(d, "batch-progress").get_attribute("value") == "40"
+          and not visible(d, "batch-estimate"), "the batch finished, no estimate")
 
 
 def test_download_writes_the_output_file_the_cli_writes(

@@ -4,6 +4,7 @@ manifest; `retry`: a batch id."""
 from __future__ import annotations
 
 import json
+import time
 
 import click
 from freeinference_batch.core.schemas import RETRYABLE_STATUSES
@@ -18,6 +19,8 @@ from freeinference_batch_client.cli.common import (
     part_lines,
 )
 from freeinference_batch_client.errors import BatchApiError
+from freeinference_batch_client.models import Batch
+from freeinference_batch_client.progress import NOT_RUNNING, duration, progress, rate_text, waiting_message
 
 
 @click.command()
@@ -38,10 +41,31 @@ def status(target: str, as_json: bool) -> None:
         click.echo(f"{batch.id}  {batch.status:<11}  {describe_counts(batch)}" + (f"  ({lines})" if lines else ""))
         if batch.error is not None:
             click.echo(f"    failed: {batch.error.code}: {batch.error.message}")
+        if (rate := progress_line(batch, time.time())) is not None:
+            click.echo(f"    rate: {rate}")
+        if (message := waiting_message(batch)) is not None:
+            click.echo(f"    waiting: {message}")
     if job.manifest is not None:
         for part in job.manifest.parts:
             if not part.batch_id:
                 click.echo(f"(not created)  {part_lines(part)}: run submit again to create it")
+
+
+def progress_line(batch: Batch, now: float) -> str | None:
+    """What `status` says of a batch still running: its rate and when it should be done, from this
+    one read (progress.py); None for a batch that runs nothing more."""
+    if batch.status in NOT_RUNNING:
+        return None
+    estimate = progress(batch, now)
+    if estimate is None:
+        return "not enough progress yet (no request has finished)"
+    line = (f"{rate_text(estimate.per_minute)} requests a minute over {duration(estimate.running_seconds)} "
+            f"running; {estimate.remaining} to go, done about {format_time(int(estimate.finish_at))} "
+            f"(in {duration(estimate.finish_at - now)})")
+    if estimate.after_window(batch.expires_at):
+        line += (f"; but its completion window closes first, at {format_time(batch.expires_at)}: what has "
+                 "not started by then expires")
+    return line
 
 
 @click.command(name="list")

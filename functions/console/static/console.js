@@ -1,29 +1,20 @@
 // FreeInference Batch console: the /v1 API in a page, with the key the user typed.
 //
 // Everything a batch holds (custom_ids, metadata, answers, error messages) is untrusted: it is
-// only ever put in the page as text (textContent, attribute values), never parsed as HTML. The
-// key lives in sessionStorage only (this tab, until sign-out or the tab closes): never in a URL,
-// a cookie or localStorage. The console has no power of its own: every call is a /v1 call.
+// only ever put in the page as text (textContent, attribute values), never parsed as HTML.
+//
+// Plain scripts, no build step (index.html loads them in order, deferred): progress.js, api.js (the
+// calls and the key), this file (sign-in, routing, the batch list and what the pages share), then
+// batch.js (one batch's page and its actions). Classic scripts, as progress.js is: each shares what
+// the later ones need through one global object.
 "use strict";
 
-(() => {
-  const KEY_STORAGE = "freeinference-batch.api-key";
-  const API = "/v1";
+const ConsoleApp = (() => {
+  const { ApiError, apiKey, keepKey, forgetKey, call } = ConsoleApi;
   const REFRESH_MS = 3000;
   const BATCHES_PER_PAGE = 20;
-  const RESULTS_PER_PAGE = 50;
-  const DOWNLOAD_PAGE = 1000;
-  const ANSWER_PREVIEW_CHARS = 140;
   const FINAL = new Set(["completed", "failed", "expired", "cancelled"]);
   const BATCH_ID = /^batch_[A-Za-z0-9]+$/;
-  // What the CLI writes for a line without a response or an error (openai_files._NO_ERROR).
-  const NO_ERROR = {
-    cancelled: ["batch_cancelled", "Not run: the batch was cancelled"],
-    queued: ["not_finished", "Not finished yet: still queued when the results were read"],
-    running: ["not_finished", "Not finished yet: still running when the results were read"],
-    expired: ["batch_expired", "Not run: the completion window closed first"],
-    failed: ["failed", "The request failed"],
-  };
 
   const $ = (id) => document.getElementById(id);
   const state = {
@@ -35,49 +26,23 @@
     resultsCursors: [null],
     resultsNext: null,
     results: [],
+    readings: [], // the open batch's counts at each refresh, for its recent rate (progress.js)
+    // Each batch's `retry_of`, of every batch this tab has listed or shown: a batch's children are
+    // the ones seen here, so finding them costs no call (a child never listed or opened is not linked).
+    retryOf: new Map(),
+    retryKey: null, // the Idempotency-Key of the open batch's retry until it is answered
     generation: 0, // bumped on every navigation: answers for an older view are dropped
   };
 
-  class ApiError extends Error {
-    constructor(status, message) {
-      super(message);
-      this.status = status;
-    }
-  }
-
   // ---- the key --------------------------------------------------------------------------
 
-  const apiKey = () => sessionStorage.getItem(KEY_STORAGE);
-
   function signOut(message) {
-    sessionStorage.removeItem(KEY_STORAGE);
+    forgetKey();
     stopRefresh();
     state.generation += 1;
     $("api-key").value = "";
     showError(message || "");
     route();
-  }
-
-  // ---- calls ----------------------------------------------------------------------------
-
-  async function call(method, path, key = apiKey()) {
-    const response = await fetch(API + path, {
-      method,
-      headers: { Authorization: `Bearer ${key}`, Accept: "application/json" },
-      credentials: "omit",
-      cache: "no-store",
-    });
-    let body = null;
-    try {
-      body = await response.json();
-    } catch {
-      body = null;
-    }
-    if (!response.ok) {
-      const message = (body && body.error && body.error.message) || (body && body.message) || response.statusText;
-      throw new ApiError(response.status, `${response.status}: ${message}`);
-    }
-    return body;
   }
 
   function failed(error) {
@@ -106,11 +71,16 @@
     return td;
   }
 
+  const utc = (milliseconds) => `${new Date(milliseconds).toISOString().slice(0, 19).replace("T", " ")} UTC`;
+
   function timestamp(seconds) {
     if (!seconds) return element("span", { text: "—" });
     const date = new Date(seconds * 1000);
-    const text = `${date.toISOString().slice(0, 19).replace("T", " ")} UTC`;
-    return element("time", { text, attributes: { datetime: date.toISOString() } });
+    return element("time", { text: utc(date.getTime()), attributes: { datetime: date.toISOString() } });
+  }
+
+  function batchLink(id) {
+    return element("a", { text: id, attributes: { href: `#/batches/${encodeURIComponent(id)}` } });
   }
 
   function statusBadge(status) {
@@ -139,15 +109,6 @@
     return list;
   }
 
-  function answerPreview(line) {
-    const body = line.response && line.response.body;
-    if (line.response && !body && line.response.body_url) return "(too large for a page: open the result)";
-    const content = body && body.choices && body.choices[0] && body.choices[0].message
-      ? body.choices[0].message.content : null;
-    if (typeof content !== "string") return "";
-    return content.length > ANSWER_PREVIEW_CHARS ? `${content.slice(0, ANSWER_PREVIEW_CHARS)}…` : content;
-  }
-
   function showError(message) {
     const box = $("error");
     box.textContent = message || "";
@@ -168,8 +129,9 @@
     state.refreshTimer = setTimeout(action, REFRESH_MS);
   }
 
-  function confirmAction(title, text, keepLabel, confirmLabel) {
+  function confirmAction(title, text, keepLabel, confirmLabel, danger = true) {
     const dialog = $("confirm-dialog");
+    $("confirm-yes").classList.toggle("danger", danger);
     $("confirm-title").textContent = title;
     $("confirm-text").textContent = text;
     $("confirm-no").textContent = keepLabel;
@@ -212,7 +174,7 @@
         loadBatches();
         return;
       }
-      openBatch(id);
+      BatchPage.open(id); // batch.js: run after every script, so it is defined by then
     } else {
       showView("batches-view");
       document.title = "Batches · FreeInference Batch";
@@ -241,9 +203,9 @@
 
   function renderBatches(page) {
     const rows = page.data.map((batch) => {
-      const link = element("a", { text: batch.id, attributes: { href: `#/batches/${encodeURIComponent(batch.id)}` } });
+      state.retryOf.set(batch.id, batch.retry_of || null);
       return element("tr", { attributes: { "data-batch-id": batch.id } }, [
-        cell("Batch", link, "id"),
+        cell("Batch", batchLink(batch.id), "id"),
         cell("Status", statusBadge(batch.status)),
         cell("Progress", progress(batch.request_counts)),
         cell("Completed / failed / total", countsText(batch.request_counts), "number"),
@@ -257,226 +219,6 @@
     state.batchesNext = page.has_more ? page.last_id : null;
     $("batches-next").disabled = !state.batchesNext;
     $("batches-first").disabled = state.batchesCursors.length === 1;
-  }
-
-  // ---- one batch ------------------------------------------------------------------------
-
-  function openBatch(id) {
-    if (state.batchId !== id) {
-      state.batchId = id;
-      state.batch = null;
-      state.resultsCursors = [null];
-      $("status-filter").value = "";
-      $("batch-details").replaceChildren();
-      $("results-table").tBodies[0].replaceChildren();
-      // Until its first answer, nothing on the page is about this batch: no action applies yet.
-      $("batch-view").setAttribute("aria-busy", "true");
-      for (const action of ["download", "cancel", "delete"]) $(action).disabled = true;
-    }
-    showView("batch-view");
-    $("batch-title").textContent = id;
-    document.title = `${id} · FreeInference Batch`;
-    refreshBatch();
-  }
-
-  async function refreshBatch() {
-    const generation = state.generation;
-    const id = state.batchId;
-    const after = state.resultsCursors[state.resultsCursors.length - 1];
-    const query = `?limit=${RESULTS_PER_PAGE}${after ? `&after=${encodeURIComponent(after)}` : ""}`;
-    let batch;
-    let page;
-    try {
-      // One after the other, not at once: a refresh every few seconds needs no parallelism, and
-      // each call then costs the API one invocation at a time per open page.
-      batch = await call("GET", `/batches/${encodeURIComponent(id)}`);
-      page = await call("GET", `/batches/${encodeURIComponent(id)}/results${query}`);
-    } catch (error) {
-      if (generation === state.generation) failed(error);
-      return;
-    }
-    if (generation !== state.generation) return;
-    showError("");
-    renderBatch(batch);
-    renderResults(page);
-    if (!FINAL.has(batch.status)) refreshLater(refreshBatch);
-  }
-
-  function renderBatch(batch) {
-    state.batch = batch;
-    const counts = batch.request_counts;
-    const bar = $("batch-progress");
-    bar.max = Math.max(counts.total, 1);
-    bar.value = counts.completed + counts.failed;
-    $("batch-progress-label").textContent =
-      `${counts.completed + counts.failed} of ${counts.total} requests finished (${counts.completed} completed, ` +
-      `${counts.failed} failed)`;
-    const rows = [
-      ["Status", statusBadge(batch.status)],
-      ["Completed", counts.completed],
-      ["Failed", counts.failed],
-      ["Total", counts.total],
-      ["Cost (USD)", cost(batch.cost_usd)],
-      ["Created", timestamp(batch.created_at)],
-      ["In progress", timestamp(batch.in_progress_at)],
-      ["Expires", timestamp(batch.expires_at)],
-      ["Cancelling", timestamp(batch.cancelling_at)],
-      ["Cancelled", timestamp(batch.cancelled_at)],
-      ["Completed at", timestamp(batch.completed_at)],
-      ["Failed at", timestamp(batch.failed_at)],
-      ["Expired at", timestamp(batch.expired_at)],
-      ["Error", batch.error ? `${batch.error.code || ""}: ${batch.error.message || ""}` : "—"],
-      ["Metadata", metadataList(batch.metadata)],
-    ];
-    $("batch-details").replaceChildren(...rows.flatMap(([name, value]) => [
-      element("dt", { text: name }),
-      value instanceof Node ? element("dd", {}, [value]) : element("dd", { text: value }),
-    ]));
-    $("cancel").disabled = FINAL.has(batch.status) || batch.status === "cancelling";
-    $("download").disabled = false;
-    $("delete").disabled = false;
-    $("batch-view").setAttribute("aria-busy", "false");
-  }
-
-  function renderResults(page) {
-    state.results = page.data;
-    state.resultsNext = page.has_more ? page.last_id : null;
-    $("results-next").disabled = !state.resultsNext;
-    $("results-previous").disabled = state.resultsCursors.length === 1;
-    $("results-page").textContent = `Page ${state.resultsCursors.length}`;
-    drawResults();
-  }
-
-  function drawResults() {
-    const wanted = $("status-filter").value;
-    const rows = state.results
-      .filter((line) => !wanted || line.status === wanted)
-      .map((line) => {
-        const open = element("button", {
-          text: line.custom_id,
-          className: "link-button",
-          attributes: { type: "button", "aria-haspopup": "dialog" },
-        });
-        open.addEventListener("click", (event) => {
-          event.stopPropagation();
-          showResult(line);
-        });
-        const row = element("tr", { className: "clickable", attributes: { "data-result-id": line.id } }, [
-          cell("custom_id", open, "id"),
-          cell("Status", statusBadge(line.status)),
-          cell("Error code", line.error ? line.error.code : ""),
-          cell("Error message", line.error ? line.error.message : ""),
-          cell("Answer", answerPreview(line), "answer"),
-        ]);
-        row.addEventListener("click", () => showResult(line));
-        return row;
-      });
-    $("results-table").tBodies[0].replaceChildren(...rows);
-  }
-
-  function showResult(line) {
-    $("result-dialog-title").textContent = line.custom_id;
-    $("result-json").textContent = JSON.stringify(line, null, 2);
-    $("result-dialog").showModal();
-  }
-
-  async function cancelBatch() {
-    const id = state.batchId;
-    const yes = await confirmAction(
-      "Cancel this batch?",
-      `Requests of ${id} that have not started will not run; running ones finish and keep their results.`,
-      "Keep it running",
-      "Cancel batch",
-    );
-    if (!yes) return;
-    try {
-      const batch = await call("POST", `/batches/${encodeURIComponent(id)}/cancel`);
-      announce(`Batch ${batch.status}.`);
-    } catch (error) {
-      failed(error);
-    }
-    refreshBatch();
-  }
-
-  async function deleteBatch() {
-    const id = state.batchId;
-    const yes = await confirmAction(
-      "Delete this batch?",
-      `${id} and all its results will be deleted. This cannot be undone.`,
-      "Keep it",
-      "Delete batch",
-    );
-    if (!yes) return;
-    try {
-      await call("DELETE", `/batches/${encodeURIComponent(id)}`);
-    } catch (error) {
-      failed(error);
-      return;
-    }
-    announce(`Batch ${id} deleted.`);
-    state.batchId = null;
-    state.batchesCursors = [null];
-    location.hash = "#/";
-  }
-
-  // ---- download: the OpenAI batch output file, as `freeinference-batch results -o` writes ----
-
-  function outputLine(result) {
-    const response = result.response;
-    if (result.status === "completed" && response) {
-      return {
-        id: result.id,
-        custom_id: result.custom_id,
-        response: { status_code: response.status_code, request_id: response.request_id, body: response.body },
-        error: null,
-      };
-    }
-    const [code, message] = result.error
-      ? [result.error.code, result.error.message]
-      : NO_ERROR[result.status] || ["unknown", `No response (status '${result.status}')`];
-    return { id: result.id, custom_id: result.custom_id, response: null, error: { code, message } };
-  }
-
-  async function storedBody(url) {
-    // A presigned S3 URL: it carries its own signature, so no key goes with it.
-    const answer = await fetch(url, { credentials: "omit", cache: "no-store" });
-    if (!answer.ok) throw new Error(`${answer.status}: could not read a stored answer`);
-    return answer.json();
-  }
-
-  async function download() {
-    const id = state.batchId;
-    const button = $("download");
-    button.disabled = true;
-    announce("Downloading results…");
-    try {
-      const lines = [];
-      let after = null;
-      for (;;) {
-        const query = `?limit=${DOWNLOAD_PAGE}${after ? `&after=${encodeURIComponent(after)}` : ""}`;
-        const page = await call("GET", `/batches/${encodeURIComponent(id)}/results${query}`);
-        for (const result of page.data) {
-          if (result.response && !result.response.body && result.response.body_url) {
-            const { body_url: url, ...rest } = result.response;
-            result.response = { ...rest, body: await storedBody(url) };
-          }
-          lines.push(`${JSON.stringify(outputLine(result))}\n`);
-        }
-        if (!page.has_more) break;
-        after = page.last_id;
-      }
-      const file = new Blob(lines, { type: "application/jsonl" });
-      const link = element("a", { attributes: { href: URL.createObjectURL(file), download: `${id}_output.jsonl` } });
-      document.body.append(link);
-      link.click();
-      link.remove();
-      setTimeout(() => URL.revokeObjectURL(link.href), 60000);
-      announce(`Downloaded ${lines.length} results.`);
-    } catch (error) {
-      failed(error);
-    } finally {
-      button.disabled = false;
-    }
   }
 
   // ---- wiring ---------------------------------------------------------------------------
@@ -493,7 +235,7 @@
           ? "That API key was refused: check it and try again." : error.message);
         return;
       }
-      sessionStorage.setItem(KEY_STORAGE, key);
+      keepKey(key);
       $("api-key").value = "";
       showError("");
       state.batchesCursors = [null];
@@ -514,20 +256,13 @@
       state.batchesCursors = [null];
       route();
     });
-    $("results-next").addEventListener("click", () => {
-      if (!state.resultsNext) return;
-      state.resultsCursors.push(state.resultsNext);
-      route();
-    });
-    $("results-previous").addEventListener("click", () => {
-      if (state.resultsCursors.length > 1) state.resultsCursors.pop();
-      route();
-    });
-    $("status-filter").addEventListener("change", drawResults);
-    $("cancel").addEventListener("click", cancelBatch);
-    $("delete").addEventListener("click", deleteBatch);
-    $("download").addEventListener("click", download);
+    BatchPage.wire(route);
     window.addEventListener("hashchange", route);
     route();
   });
+
+  return {
+    FINAL, $, state, failed, element, cell, utc, timestamp, batchLink, statusBadge, cost, metadataList,
+    showError, announce, refreshLater, confirmAction, showView,
+  };
 })();
