@@ -47,14 +47,23 @@ WAITING_DETAIL_TYPE = "Batch Waiting Change"
 TOLD = frozenset({BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, *FINAL_STATUSES})
 
 
-def status_change(record: dict[str, Any]) -> tuple[BatchStatusChange, BatchRecord] | None:
-    """The change a stream record shows, with the new record; None if it shows none to tell."""
+def _meta_images(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A META record's old and new images, as plain values; None for any other record."""
     images = record.get("dynamodb") or {}
     old, new = images.get("OldImage"), images.get("NewImage")
     if not old or not new or new.get("sk", {}).get("S") != "META":
         return None
     before, after = from_item(old), from_item(new)
     assert before is not None and after is not None
+    return before, after
+
+
+def status_change(record: dict[str, Any]) -> tuple[BatchStatusChange, BatchRecord] | None:
+    """The change a stream record shows, with the new record; None if it shows none to tell."""
+    images = _meta_images(record)
+    if images is None:
+        return None
+    before, after = images
     if before.get("status") == after.get("status") or after.get("status") not in TOLD:
         return None
     if before.get("status") not in TOLD and before.get("status") != BatchStatus.VALIDATING:
@@ -66,12 +75,10 @@ def status_change(record: dict[str, Any]) -> tuple[BatchStatusChange, BatchRecor
 def waiting_change(record: dict[str, Any]) -> tuple[BatchStatusChange, BatchRecord] | None:
     """The change of `waiting` alone a stream record shows (its status unchanged, one a user sees
     and may still start requests in), with the new record; None if it shows none."""
-    images = record.get("dynamodb") or {}
-    old, new = images.get("OldImage"), images.get("NewImage")
-    if not old or not new or new.get("sk", {}).get("S") != "META":
+    images = _meta_images(record)
+    if images is None:
         return None
-    before, after = from_item(old), from_item(new)
-    assert before is not None and after is not None
+    before, after = images
     # Most records are counts (every 24 requests of a chain): compared raw, they cost no parse.
     if before.get("waiting") == after.get("waiting") or before.get("status") != after.get("status"):
         return None
