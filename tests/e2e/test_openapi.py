@@ -149,7 +149,11 @@ def test_the_schemas_have_teeth():
         "cost_usd": 0.0, "error": None, "retry_of": None, "waiting": None,
     }
     component("Batch", batch)
+    waiting = {"reason": "model_busy", "message": "Model 'glm-5.3-flash' is at its batch capacity", "since": 1792929700}
+    component("Batch", {**batch, "waiting": waiting})
     broken = [
+        {**batch, "waiting": {**waiting, "reason": "sleepy"}},
+        {key: value for key, value in batch.items() if key != "waiting"},
         {**batch, "status": "finalizing"},
         {**batch, "input_file_id": "file-1"},
         {**batch, "extra": 1},
