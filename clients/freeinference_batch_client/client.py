@@ -49,6 +49,7 @@ from freeinference_batch_client.models import (
     FINAL_STATUSES,
     Batch,
     BatchFailure,
+    BatchWaiting,
     DeletedBatch,
     DeletedWebhookEndpoint,
     Page,
@@ -65,7 +66,7 @@ from freeinference_batch_client.models import (
 __all__ = [
     "API_KEY_ENV", "BASE_URL_ENV", "DEFAULT_BASE_URL", "FINAL_STATUSES", "WEBHOOK_EVENT_TYPES",
     "Batch", "BatchApiError", "BatchClient", "BatchClientError", "BatchConnectionError", "BatchFailure",
-    "DeletedBatch", "DeletedWebhookEndpoint", "Page", "RequestCounts", "ResultError", "ResultLine",
+    "BatchWaiting", "DeletedBatch", "DeletedWebhookEndpoint", "Page", "RequestCounts", "ResultError", "ResultLine",
     "ResultResponse", "WebhookEndpoint", "WebhookEndpoints", "WebhookTestResult", "encode_create_body",
     "encode_json", "redact",
 ]

@@ -28,6 +28,15 @@ class BatchFailure(_Model):
     message: str
 
 
+class BatchWaiting(_Model):
+    """Why none of a batch's requests can start now (`Batch.waiting`): `reason` is one of
+    batch_access, concurrency, model_busy, daily_quota (a newer server may add others)."""
+
+    reason: str
+    message: str
+    since: int
+
+
 class Batch(_Model):
     id: str
     object: str = "batch"
@@ -53,6 +62,8 @@ class Batch(_Model):
     error: BatchFailure | None = None
     # The batch this one retries (its parent), else None; a server before retries sends none.
     retry_of: str | None = None
+    # Why its requests cannot start now, else None; a server before it sends none.
+    waiting: BatchWaiting | None = None
 
     @property
     def is_final(self) -> bool:

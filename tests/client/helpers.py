@@ -20,7 +20,8 @@ def batch_json(status: str = "validating", **fields: Any) -> dict:
         "error_file_id": None, "created_at": 100, "in_progress_at": None, "expires_at": 86500,
         "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
         "cancelling_at": None, "cancelled_at": None, "request_counts": {"total": 2, "completed": 0, "failed": 0},
-        "metadata": None, "cost_usd": 0.0, "error": None, "retry_of": None, **fields,
+        "metadata": None, "cost_usd": 0.0, "error": None, "retry_of": None, "waiting": None,
+        **fields,
     }
 
 

@@ -144,6 +144,16 @@ def test_unknown_fields_are_kept():
     assert client.retrieve(BATCH_ID).model_extra == {"new_field": 1}
 
 
+def test_a_waiting_batch_says_why_and_a_server_before_waiting_reads_as_none():
+    waiting = {"reason": "daily_quota", "message": "The account's daily quota is used up", "since": 150}
+    client, _, _ = make(response(200, batch_json("in_progress", waiting=waiting)))
+    batch = client.retrieve(BATCH_ID)
+    assert batch.waiting is not None and (batch.waiting.reason, batch.waiting.since) == ("daily_quota", 150)
+    older = {name: value for name, value in batch_json().items() if name != "waiting"}
+    client, _, _ = make(response(200, older))
+    assert client.retrieve(BATCH_ID).waiting is None
+
+
 # ---- errors and retries --------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ COMPONENTS = SPEC["components"]["schemas"]
 # openapi.yaml's component -> the model the service builds it with.
 PAIRS: dict[str, type[BaseModel]] = {
     "Batch": schemas.BatchObject,
+    "BatchWaiting": schemas.Waiting,
     "RequestCounts": schemas.RequestCounts,
     "ResultLine": schemas.ResultLine,
     "ResultError": schemas.ResultError,
@@ -46,8 +47,9 @@ REQUESTS: dict[str, type[BaseModel]] = {
     "TestWebhookEndpointRequest": schemas.WebhookTestBody,
 }
 CLIENT: dict[str, type[BaseModel]] = {
-    "Batch": client.Batch, "RequestCounts": client.RequestCounts, "ResultLine": client.ResultLine,
-    "ResultError": client.ResultError, "ResultResponse": client.ResultResponse, "BatchList": client.Page,
+    "Batch": client.Batch, "BatchWaiting": client.BatchWaiting, "RequestCounts": client.RequestCounts,
+    "ResultLine": client.ResultLine, "ResultError": client.ResultError, "ResultResponse": client.ResultResponse,
+    "BatchList": client.Page,
     "DeletedBatch": client.DeletedBatch,
     # The client's one model of an endpoint names the fields of the answer that has them all.
     "WebhookEndpointWithSecret": client.WebhookEndpoint, "DeletedWebhookEndpoint": client.DeletedWebhookEndpoint,

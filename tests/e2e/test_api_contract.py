@@ -26,7 +26,7 @@ SPEC_BATCH_FIELDS = {
     "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata", "cost_usd", "error",
 }  # fmt: skip
 # Ours beyond the spec's, documented as additions to it (issue 33).
-BATCH_FIELDS = SPEC_BATCH_FIELDS | {"retry_of"}
+BATCH_FIELDS = SPEC_BATCH_FIELDS | {"retry_of", "waiting"}
 TIMESTAMPS = ("in_progress_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 ALWAYS_NULL = ("errors", "input_file_id", "output_file_id", "error_file_id", "finalizing_at")
 

@@ -122,7 +122,7 @@ def test_the_batch_schema_names_every_field_of_the_spec():
         "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata", "cost_usd", "error",
     ]
     # Then ours beyond the spec's, each documented as an addition to it (issue 33).
-    additions = ["retry_of"]
+    additions = ["retry_of", "waiting"]
     assert list(batch["properties"]) == spec_fields + additions
     assert batch["required"] == spec_fields + additions
     assert batch["properties"]["status"]["enum"] == [
@@ -146,10 +146,14 @@ def test_the_schemas_have_teeth():
         "expires_at": 1793016000, "finalizing_at": None, "completed_at": None, "failed_at": None,
         "expired_at": None, "cancelling_at": None, "cancelled_at": None,
         "request_counts": {"total": 2, "completed": 0, "failed": 0}, "metadata": {"project": "eval-42"},
-        "cost_usd": 0.0, "error": None, "retry_of": None,
+        "cost_usd": 0.0, "error": None, "retry_of": None, "waiting": None,
     }
     component("Batch", batch)
+    waiting = {"reason": "model_busy", "message": "Model 'glm-5.3-flash' is at its batch capacity", "since": 1792929700}
+    component("Batch", {**batch, "waiting": waiting})
     broken = [
+        {**batch, "waiting": {**waiting, "reason": "sleepy"}},
+        {key: value for key, value in batch.items() if key != "waiting"},
         {**batch, "status": "finalizing"},
         {**batch, "input_file_id": "file-1"},
         {**batch, "extra": 1},

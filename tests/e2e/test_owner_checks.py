@@ -2,6 +2,7 @@
 the creating key or suspending the account mid-batch fails the batch once its running requests
 finish; a used-up daily quota pauses the owner's batches and answers 429 until the next 00:00 UTC,
 then they resume; a tier without batch access makes them wait, and regaining it resumes them.
+Each wait shows as the batch's `waiting` (issue 33), cleared when a request starts again.
 
 Where the API cannot show something (every call with a key whose quota is used up answers 429;
 a suspended account's keys answer 401), the tests read the batch item from the stack's moto
@@ -13,6 +14,7 @@ batches to finish, so the counters of one test are not disturbed by another's re
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 
 import pytest
@@ -37,7 +39,7 @@ from engine_helpers import (
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import NANO_PER_USD
 from freeinference_batch.worker import ACCESS_WAIT_SECONDS
-from stored_state import StoredState
+from stored_state import BusEvents, StoredState
 
 pytestmark = pytest.mark.e2e
 
@@ -145,6 +147,7 @@ def test_used_up_quota_pauses_batches_answers_429_and_resumes_after_midnight(own
     # Given a 3-day window (the clock will move by up to a day) and an account running one request
     # at a time whose daily quota is 1.6 requests' cost: the second request of a day uses it up
     stack = own_stack(BATCH_COMPLETION_WINDOW_SECONDS=str(3 * 86400))
+    events = BusEvents(stack, "quota-events")
     content = "Say hello."
     one = predicted_cost_nano(content)
     quota_usd = one * 1.6 / NANO_PER_USD
@@ -172,6 +175,14 @@ def test_used_up_quota_pauses_batches_answers_429_and_resumes_after_midnight(own
 
     hold_for(3.0, paused, "the paused batch must not run its last request")
     assert sum(attempts(sim, batch["id"], p) for p in range(3)) == 2
+    # And it says why (issue 33): on its item, in `admin status` and on the bus, as the API answers 429
+    wait_for(lambda: (store.meta(batch["id"]).get("waiting") or {}).get("reason") == "daily_quota", timeout=30,
+             interval=POLL, message="the batch waiting for its quota")
+    (listed,) = json.loads(stack.admin("status", "--json").stdout)["waiting"]
+    assert (listed["batch_id"], listed["account_id"], listed["reason"]) == (batch["id"], "quota-acct", "daily_quota")
+    assert "00:00 UTC" in listed["message"]
+    wait_for(lambda: ("Batch Waiting Change", "in_progress", "daily_quota") in events.of(batch["id"]), timeout=30,
+             interval=POLL, message="the wait told on the bus")
     day = clock.utc_day(clock.now(stack.env["BATCH_CLOCK_OFFSET_FILE"]))
     assert store.usage_nano("quota-acct", day) == 2 * one
     # And every call with the account's key answers 429, saying when the quota renews
@@ -189,7 +200,8 @@ def test_used_up_quota_pauses_batches_answers_429_and_resumes_after_midnight(own
     stack.set_clock_offset(clock.next_utc_midnight(now) + 2 * 3600 - time.time())
     # Then the batch resumes by itself and completes, its last request charged to the new day
     final = wait_final(api, batch["id"], timeout=60)
-    assert final["status"] == "completed"
+    assert final["status"] == "completed" and final["waiting"] is None
+    assert "waiting" not in store.meta(batch["id"])
     assert final["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
     assert final["cost_usd"] == round(3 * one / NANO_PER_USD, 9)
     new_day = clock.utc_day(clock.now(stack.env["BATCH_CLOCK_OFFSET_FILE"]))
@@ -258,9 +270,13 @@ def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(ow
     wait_for(stopped, timeout=20, interval=POLL, message="no running request, and every one that ran counted")
     ran = sum(attempts(sim, batch["id"], p) for p in range(TIER_REQUESTS))
     assert 0 < ran < TIER_REQUESTS
-    waiting = api.batch(batch["id"])
+    # And the batch says why it waits (issue 33: within two minutes of the change; here, as soon
+    # as its last chain has stopped and its next request looked)
+    waiting = wait_for(lambda: (b := api.batch(batch["id"]))["waiting"] and b, timeout=120, interval=POLL,
+                       message="the batch waiting")
     assert waiting["status"] == "in_progress"
     assert waiting["request_counts"]["completed"] == ran
+    assert waiting["waiting"]["reason"] == "batch_access" and "every minute" in waiting["waiting"]["message"]
 
     def still_waiting() -> bool:
         results = api.results(batch["id"])
@@ -282,9 +298,12 @@ def test_losing_batch_access_makes_batches_wait_and_regaining_it_resumes_them(ow
     # When access returns (and the clock passes the time after which a waiting request re-checks)
     stack.admin("set-account", "tier-acct", "--tier", "internal")
     stack.set_clock_offset(ACCESS_WAIT_SECONDS + 3 + 60)
-    # Then the batch resumes by itself and completes
+    # Then the batch resumes by itself, no longer waiting once a request starts, and completes
+    resumed = wait_for(lambda: (b := api.batch(batch["id"]))["request_counts"]["completed"] > ran and b,
+                       timeout=60, interval=POLL, message="the batch resumed")
+    assert resumed["waiting"] is None, resumed
     final = wait_final(api, batch["id"], timeout=60)
-    assert final["status"] == "completed"
+    assert final["status"] == "completed" and final["waiting"] is None
     assert final["request_counts"] == {"total": TIER_REQUESTS, "completed": TIER_REQUESTS, "failed": 0}
     assert [attempts(sim, batch["id"], p) for p in range(TIER_REQUESTS)] == [1] * TIER_REQUESTS
 

@@ -154,7 +154,7 @@ def test_sdk_endpoints_get_verified_batch_events_and_eventbridge_routes_them(hoo
     assert final["source"] == "freeinference.batch" and final["detail-type"] == "Batch Status Change"
     assert final["detail"]["account_id"] == "dev" and final["detail"]["request_counts"]["completed"] == 1
     assert set(final["detail"]) == {"batch_id", "account_id", "status", "previous_status", "request_counts",
-                                    "cost_usd", "created_at", "metadata", "retry_of"}
+                                    "cost_usd", "created_at", "metadata", "retry_of", "waiting"}
     client.webhooks.delete(endpoint.id)
 
 

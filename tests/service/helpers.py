@@ -101,9 +101,10 @@ SPEC_BATCH_FIELDS = [
     "cost_usd",
     "error",
 ]
-# The batch object as we answer it: the spec's fields, then ours beyond them (issue 33: `retry_of`),
-# documented as additions to it.
-BATCH_FIELDS = [*SPEC_BATCH_FIELDS, "retry_of"]
+# The batch object as we answer it: the spec's fields, then ours beyond them (issue 33: `retry_of`,
+# `waiting`), documented as additions to it.
+BATCH_FIELDS = [*SPEC_BATCH_FIELDS, "retry_of", "waiting"]
+WAITING_REASONS = {"batch_access", "concurrency", "model_busy", "daily_quota"}
 ALWAYS_NULL = ("errors", "input_file_id", "output_file_id", "error_file_id", "finalizing_at")
 TIMESTAMPS = ("in_progress_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 ERROR_FIELDS = {"message", "type", "code", "param"}
@@ -207,3 +208,6 @@ def assert_batch_object(batch: dict) -> None:
     assert isinstance(batch["cost_usd"], float)
     assert batch["metadata"] is None or all(isinstance(v, str) for v in batch["metadata"].values())
     assert batch["retry_of"] is None or re.fullmatch(r"batch_[0-9a-f]{32}", batch["retry_of"]), batch["retry_of"]
+    waiting = batch["waiting"]
+    assert waiting is None or (set(waiting) == {"reason", "message", "since"} and waiting["reason"] in WAITING_REASONS
+                               and waiting["message"] and isinstance(waiting["since"], int)), waiting

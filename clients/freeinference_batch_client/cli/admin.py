@@ -11,6 +11,7 @@ Which deployment the commands act on is decided in one place, `resolve_target`:
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import os
@@ -330,7 +331,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     """The service now: per model the batch cap (after interactive load and upstream backoff),
     slots held, requests queued and running, completions and failures in the last 5 and 60
     minutes and the backlog's drain time; per account with unfinished batches, their number and
-    today's usage against the quota. Counts of the last minutes come from CloudWatch (the
+    today's usage against the quota; the batches waiting (none of their requests can start), why
+    and since when. Counts of the last minutes come from CloudWatch (the
     workers' per-model metrics; the local stack forwards them to its moto server), the rest
     from the tables."""
     import time
@@ -365,6 +367,13 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
         click.echo("no account has an unfinished batch")
     else:
         _echo_table(accounts)
+    if status.waiting:
+        click.echo("")
+        waiting = [("waiting batch", "account", "reason", "since (UTC)")]
+        for batch in status.waiting:
+            since = dt.datetime.fromtimestamp(batch.since, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+            waiting.append((batch.batch_id, batch.account_id, batch.reason, since))
+        _echo_table(waiting)
 
 
 def _echo_table(rows: list[tuple[str, ...]]) -> None:

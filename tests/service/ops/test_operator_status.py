@@ -1,19 +1,25 @@
 """The operator status (ops/operator_status.py): its arithmetic, a chain's backlog and the drain
 time; and on moto, the expire schedule publishing each model's batch cap and slots held once a
-minute, so the operations dashboard charts over time what `admin status` shows now."""
+minute, so the operations dashboard charts over time what `admin status` shows now, and the
+batches waiting, with why."""
 
 from __future__ import annotations
 
 import json
 import time
 
+from freeinference_batch import accounts
 from freeinference_batch.core.catalog import load_catalog
 from freeinference_batch.ops import operator_status
 from freeinference_batch.ops.operator_status import chain_backlog, drain_seconds
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.leases import model_slots_key
+from freeinference_batch.worker import Worker
 from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock
 from freeinference_batch_local.handlers import LambdaContext, load_handler
+
+from tests.conftest import sample_request
+from tests.service.worker.helpers import NO_RECORD, message_for
 
 MODEL = "glm-5.3-flash"
 
@@ -64,3 +70,19 @@ def test_the_expire_schedule_publishes_each_models_cap_and_slots_held(harness, m
     assert gauges[MODEL][1] == 1
     assert gauges[MODEL][0] < catalog.models[MODEL].batch_concurrency  # the interactive load lowered it
     assert all(r["service"] == "freeinference-batch" for r in records if "BatchCap" in r)
+
+
+def test_admin_status_lists_the_batches_waiting_and_why(harness):
+    # Given two unfinished batches of an account whose daily quota is used up, one of them parked
+    # by its chain (the API answers the account 429: the operator's view is where it shows)
+    waiting, idle = (harness.create([sample_request("q-0")]) for _ in range(2))
+    accounts.set_account(harness.settings, "acct-1", daily_quota_usd=0)
+    Worker(harness.settings).process(message_for(harness, waiting["id"], 0), NO_RECORD)
+    # When the operator asks
+    found = operator_status.operator_status(harness.settings, load_catalog(harness.settings.model_catalog_path),
+                                            time.time())
+    # Then the waiting one is listed with its reason; the other, which no chain has looked at, is not
+    assert [(w.batch_id, w.account_id, w.reason) for w in found.waiting] == [(waiting["id"], "acct-1", "daily_quota")]
+    assert "00:00 UTC" in found.waiting[0].message
+    assert found.as_dict()["waiting"][0]["reason"] == "daily_quota"
+    assert idle["id"] not in {w.batch_id for w in found.waiting}

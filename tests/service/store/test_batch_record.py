@@ -170,3 +170,13 @@ def test_the_record_of_a_finished_batch_holds_every_attribute_its_changes_wrote(
     assert record.status is BatchStatus.COMPLETED and record.completed == 2 and record.running == 0
     assert record.in_progress_at == final["in_progress_at"] and record.completed_at == final["completed_at"]
     assert record.finished_at == record.completed_at and record.purge_at is not None
+
+
+def test_a_waiting_batch_loads_its_reason_and_shows_it_only_while_it_may_start_requests():
+    waiting = {"reason": "model_busy", "message": "Model 'm' is at its batch capacity", "since": Decimal(1796328900)}
+    record = BatchRecord.model_validate({**created(), "waiting": waiting})
+    assert record.waiting is not None and record.waiting.reason == "model_busy" and record.waiting.since == 1796328900
+    assert views.batch_object(record)["waiting"] == {**waiting, "since": 1796328900}
+    # An item that kept one past the writes that remove it (a final status, failing) shows none
+    for ended in ({"status": "completed"}, {"failing": {"code": "owner_unauthorized", "message": "gone"}}):
+        assert views.batch_object(record.model_copy(update=ended))["waiting"] is None

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from freeinference_batch.core.catalog import NANO_PER_USD
-from freeinference_batch.core.schemas import BatchObject, BatchStatus, RequestCounts, RequestStatus, ResultLine
+from freeinference_batch.core.schemas import (
+    BatchObject,
+    BatchStatus,
+    RequestCounts,
+    RequestStatus,
+    ResultLine,
+    Waiting,
+)
 from freeinference_batch.store.batch_record import BatchRecord
 
 NOT_STARTED = {
@@ -40,6 +47,14 @@ def request_counts(meta: BatchRecord) -> RequestCounts:
     return RequestCounts(total=total, completed=completed, failed=failed)
 
 
+def waiting(meta: BatchRecord) -> Waiting | None:
+    """Why none of its requests can start now; only while it may start them (the writes that end
+    that, a final status and failing, remove it too: this holds for an item written otherwise)."""
+    if meta.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS) or meta.failing is not None:
+        return None
+    return meta.waiting
+
+
 def batch_object(meta: BatchRecord) -> dict[str, Any]:
     obj = BatchObject(
         id=meta.id,
@@ -58,6 +73,7 @@ def batch_object(meta: BatchRecord) -> dict[str, Any]:
         cancelling_at=meta.cancelling_at,
         cancelled_at=meta.cancelled_at,
         retry_of=meta.retry_of,
+        waiting=waiting(meta),
     )
     return obj.model_dump(mode="json")
 

@@ -58,6 +58,25 @@ class RequestStatus(StrEnum):
     EXPIRED = "expired"
 
 
+class WaitingReason(StrEnum):
+    """Why a batch with requests left starts none of them: something outside the batch (issue 33)."""
+
+    BATCH_ACCESS = "batch_access"  # the account's tier lost batch access
+    CONCURRENCY = "concurrency"  # the account's concurrent-request slots are all held by others
+    MODEL_BUSY = "model_busy"  # the model's batch capacity is in use by others, or held back
+    DAILY_QUOTA = "daily_quota"  # the account's daily quota is used up until 00:00 UTC
+
+
+class Waiting(BaseModel):
+    """A batch's `waiting`, as stored on its META item and as the batch object shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: WaitingReason
+    message: str
+    since: int  # when this reason was first written (whole seconds)
+
+
 # ---- create -------------------------------------------------------------------------------
 
 
@@ -198,6 +217,8 @@ class BatchObject(BaseModel):
     error: dict[str, Any] | None = None
     # Beyond the spec's object (like cost_usd and error): the batch this one retries, else null.
     retry_of: str | None = None
+    # Beyond the spec's object too: why its unstarted requests cannot start now, else null.
+    waiting: Waiting | None = None
 
 
 class _OmitsNone(BaseModel):
@@ -364,7 +385,8 @@ class WebhookEvent(BaseModel):
 
 
 class BatchStatusChange(BaseModel):
-    """The `detail` of an EventBridge "Batch Status Change" event."""
+    """The `detail` of an EventBridge "Batch Status Change" event, and of a "Batch Waiting Change"
+    (its status unchanged: `previous_status` is `status`; `waiting` set, changed or cleared)."""
 
     batch_id: str
     account_id: str
@@ -375,6 +397,7 @@ class BatchStatusChange(BaseModel):
     created_at: int
     metadata: dict[str, str] | None
     retry_of: str | None = None
+    waiting: Waiting | None = None
 
 
 # ---- internal -----------------------------------------------------------------------------

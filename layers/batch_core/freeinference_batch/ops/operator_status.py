@@ -1,7 +1,9 @@
 """The operator's view of the service now (`freeinference-batch admin status`, and the per-model
 gauges the sweep publishes for the dashboard): per model the batch cap after interactive load and
 upstream backoff, slots held, requests queued and running, recent completions and failures and the
-backlog's drain time; per account its unfinished batches and today's usage against its quota.
+backlog's drain time; per account its unfinished batches and today's usage against its quota;
+and the batches that are waiting, with why (issue 33: a `daily_quota` wait is seen here, as the API
+answers the account 429 then).
 
 Everything here is read from the tables except the recent counts, which are the
 `RequestsCompletedByModel` / `RequestsFailedByModel` metrics the workers publish: the caller
@@ -17,6 +19,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
+from freeinference_batch.batches import views
 from freeinference_batch.core.catalog import NANO_PER_USD, Catalog, ModelInfo
 from freeinference_batch.core.clock import utc_day
 from freeinference_batch.core.observability import metrics
@@ -68,10 +71,22 @@ class AccountStatus:
 
 
 @dataclass
+class WaitingBatch:
+    """An unfinished batch none of whose requests can start now, and why (the batch's `waiting`)."""
+
+    batch_id: str
+    account_id: str
+    reason: str
+    since: int
+    message: str
+
+
+@dataclass
 class OperatorStatus:
     at: float
     models: list[ModelStatus]
     accounts: list[AccountStatus]
+    waiting: list[WaitingBatch] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,19 +107,24 @@ def drain_seconds(backlog: int, completed_5m: int, failed_5m: int) -> float | No
     return backlog / (settled / 300) if settled else None
 
 
-def model_backlogs(table: BatchTable) -> tuple[Counter[str], Counter[str]]:
-    """Requests not yet settled per model, and unfinished batches per account, over open batches."""
+def model_backlogs(table: BatchTable) -> tuple[Counter[str], Counter[str], list[WaitingBatch]]:
+    """Requests not yet settled per model, unfinished batches per account, and the batches waiting
+    (longest first), over open batches: their items are read for the backlog anyway."""
     backlog: Counter[str] = Counter()
     unfinished: Counter[str] = Counter()
+    waiting: list[WaitingBatch] = []
     open_ids = [batch_id_of(item) for item in table.open_batches()]
     for batch_id, meta in table.get_metas(open_ids).items():
         if meta.status in FINAL_STATUSES or meta.status == BatchStatus.DELETED:
             continue
         unfinished[meta.account_id] += 1
+        why = views.waiting(meta)
+        if why is not None:
+            waiting.append(WaitingBatch(batch_id, meta.account_id, why.reason, why.since, why.message))
         for lane in table.get_lanes(batch_id):
             for chain, head in enumerate(lane["heads"]):
                 backlog[lane["model"]] += chain_backlog(int(lane["size"]), int(lane["width"]), chain, int(head))
-    return backlog, unfinished
+    return backlog, unfinished, sorted(waiting, key=lambda batch: (batch.since, batch.batch_id))
 
 
 def _capacity(settings: Settings, leases: Leases, info: ModelInfo, name: str,
@@ -139,7 +159,7 @@ def operator_status(settings: Settings, catalog: Catalog, now: float,
                     recent: dict[str, RecentCounts] | None = None) -> OperatorStatus:
     table = BatchTable(settings)
     leases = Leases(settings)
-    backlog, unfinished = model_backlogs(table)
+    backlog, unfinished, waiting = model_backlogs(table)
     models = []
     for name, info in sorted(catalog.models.items()):
         cap, held, inflight, backoff = _capacity(settings, leases, info, name, now)
@@ -165,7 +185,7 @@ def operator_status(settings: Settings, catalog: Catalog, now: float,
             usage_usd_today=used_nano / NANO_PER_USD,
             daily_quota_usd=int(quota) / NANO_PER_USD if quota is not None else None,
         ))
-    return OperatorStatus(at=now, models=models, accounts=accounts)
+    return OperatorStatus(at=now, models=models, accounts=accounts, waiting=waiting)
 
 
 def recent_counts(models: list[str], now: float) -> dict[str, RecentCounts]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from freeinference_batch.core.schemas import BatchStatus
+from freeinference_batch.core.schemas import BatchStatus, Waiting
 
 
 class BatchRecord(BaseModel):
@@ -59,6 +59,10 @@ class BatchRecord(BaseModel):
     # none runs; the same map then becomes `error`.
     failing: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    # Why none of its unstarted requests can start, set by a chain that parks for a reason outside
+    # the batch while none of it runs (batch_status.wait); removed by the next start, a final
+    # status, or failing. Absent: not waiting.
+    waiting: Waiting | None = None
 
     # ---- timestamps (whole seconds), each written once when its step happens -------------------
     in_progress_at: int | None = None

@@ -4,7 +4,8 @@
 | write | status from -> to | made by |
 |---|---|---|
 | `create` | (none) -> `validating` | create (`batches/operations.py`), with the account's unfinished count |
-| `start` | `validating` / `in_progress` -> `in_progress` | a chain's first claim (`store/runs.py` `start_chain`) |
+| `start` | `validating` / `in_progress` -> `in_progress`, no `waiting` | a chain's first claim (`runs.start_chain`) |
+| `wait` | unchanged, `waiting` set | a chain parks, none of the batch running (`worker/waiting.py`) |
 | `mark_failing` | unchanged, `failing` set | the owner lost the right to run it (`lifecycle.fail_batch`) |
 | `start_cancelling` | `validating` / `in_progress` -> `cancelling` | cancel while requests run (`cancel_batch`) |
 | `finish` | -> `completed` / `failed` / `expired` / `cancelled` | `lifecycle.try_finalize`; cancel when none runs |
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus
+from freeinference_batch.core.schemas import FINAL_STATUSES, BatchStatus, Waiting
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import accounts_table
 from freeinference_batch.store.batch_keys import (
@@ -34,7 +35,7 @@ from freeinference_batch.store.batch_keys import (
     record_of,
 )
 from freeinference_batch.store.batch_record import BatchRecord
-from freeinference_batch.store.dynamo import to_item, update_element, update_returning
+from freeinference_batch.store.dynamo import apply_update, to_item, update_element, update_returning
 
 # The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
 STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
@@ -74,21 +75,38 @@ def create(settings: Settings, meta: dict[str, Any]) -> list[dict]:
 def start(settings: Settings, batch_id: str, now: float) -> dict:
     """validating -> in_progress (already in progress: unchanged), one more chain running: only
     while the batch starts requests and its window is open. An element of the first claim's
-    transaction."""
+    transaction. A request starts: the batch is no longer `waiting` (removed in this write, which
+    happens anyway, so clearing it costs nothing)."""
     return update_element(
         settings.batch_table_name, meta_key(batch_id),
-        "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one",
+        "SET #status = :in_progress, in_progress_at = if_not_exists(in_progress_at, :now) ADD running :one "
+        "REMOVE waiting",
         f"{STARTS_REQUESTS} AND expires_at > :now",
         names={"#status": "status"}, in_progress=BatchStatus.IN_PROGRESS, validating=BatchStatus.VALIDATING,
         now=int(now), one=1,
     )
 
 
+def wait(settings: Settings, batch_id: str, waiting: Waiting) -> bool:
+    """`waiting` set: none of the batch's requests can start, for `waiting.reason`. Only while the
+    batch starts requests, none of it runs (a batch running a request is not waiting, whatever its
+    other chains meet) and its `waiting` is absent or another reason: so of the chains that park
+    for one reason, one writes it, once; True if this call did. Its caller asks only when its
+    read of the batch shows it is due (a refused write still costs its write units)."""
+    return apply_update(update_element(
+        settings.batch_table_name, meta_key(batch_id), "SET waiting = :waiting",
+        f"{STARTS_REQUESTS} AND running = :zero AND (attribute_not_exists(waiting) OR waiting.reason <> :reason)",
+        names={"#status": "status"}, waiting=waiting.model_dump(mode="json"), reason=waiting.reason, zero=0,
+        validating=BatchStatus.VALIDATING, in_progress=BatchStatus.IN_PROGRESS,
+    ))
+
+
 def mark_failing(settings: Settings, batch_id: str, error: dict[str, Any]) -> BatchRecord | None:
     """The owner lost the right to run it: `failing` set (no request starts any more), the status
-    kept until none runs (`finish` then moves it to failed). Only while it runs; None otherwise."""
+    kept until none runs (`finish` then moves it to failed). Only while it runs; None otherwise.
+    A batch that will not start another request is not waiting: `waiting` removed."""
     return record_of(update_returning(
-        settings.batch_table_name, meta_key(batch_id), "SET failing = :error",
+        settings.batch_table_name, meta_key(batch_id), "SET failing = :error REMOVE waiting",
         "#status IN (:validating, :in_progress)", names={"#status": "status"}, error=error,
         validating=BatchStatus.VALIDATING, in_progress=BatchStatus.IN_PROGRESS,
     ))
@@ -107,10 +125,10 @@ def start_cancelling(settings: Settings, meta: BatchRecord, now: float) -> Batch
 def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float) -> list[dict]:
     """-> `final` (completed, failed, expired or cancelled): only from the status as read and with
     none running, so a final batch's counts never change. It leaves the open index and joins the
-    purge index; a failed batch's `failing` becomes its `error`; a batch cancelled straight from
-    running (none was) is cancelling and cancelled at once. With it, the account's unfinished
-    batch given back: the account of `account_id`, the same as `owner`, which only a delete
-    removes (and a deleted batch never finishes)."""
+    purge index, and is no longer `waiting`; a failed batch's `failing` becomes its `error`; a
+    batch cancelled straight from running (none was) is cancelling and cancelled at once. With
+    it, the account's unfinished batch given back: the account of `account_id`, the same as
+    `owner`, which only a delete removes (and a deleted batch never finishes)."""
     at = int(now)
     sets = ["#status = :final", f"{final}_at = :now", "finished_at = :now", "purge_shard = :purge_shard",
             "purge_at = :purge_at", "#ttl = :ttl"]
@@ -123,7 +141,7 @@ def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float
     purge_at = at + settings.batch_retention_seconds
     return [
         update_element(
-            settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE open_shard",
+            settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE open_shard, waiting",
             "#status = :old AND running = :zero", names=names,
             final=final, old=meta.status, zero=0, now=at, purge_shard=PURGE_SHARD, purge_at=purge_at,
             ttl=purge_at + TTL_AFTER_PURGE_SECONDS,

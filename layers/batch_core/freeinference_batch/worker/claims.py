@@ -9,7 +9,7 @@ import uuid
 
 from freeinference_batch.batches import lifecycle, validation
 from freeinference_batch.core.observability import log_status_change, logger
-from freeinference_batch.core.schemas import BatchStatus, RequestMessage, RequestStatus
+from freeinference_batch.core.schemas import BatchStatus, RequestMessage, RequestStatus, WaitingReason
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
@@ -21,7 +21,7 @@ from freeinference_batch.worker.chains import Chains, chain_of, waiter_id, waiti
 from freeinference_batch.worker.gates import Gatekeeper, slots_as_read
 from freeinference_batch.worker.outcomes import Claimed, Done, Parked, metric
 from freeinference_batch.worker.slot_blocks import BlockLeases, SlotBlock, SlotBlocks, new_run
-from freeinference_batch.worker.waiting import WaitingRoom
+from freeinference_batch.worker.waiting import WaitingRoom, waiting_for
 
 # How long a chain waits when its owner's account has lost batch access, before it looks again.
 ACCESS_WAIT_SECONDS = 60.0
@@ -59,9 +59,11 @@ class Claims:
             return Done()
         if verdict.kind == "quota":
             assert owner.resume_at is not None
-            return self.waiting.park_long(message, meta, owner.resume_at + random.uniform(1, 30) - now, now)
+            why = waiting_for(WaitingReason.DAILY_QUOTA, now, resume_at=owner.resume_at)
+            return self.waiting.park_long(message, meta, owner.resume_at + random.uniform(1, 30) - now, now, why)
         if verdict.kind == "no_access":
-            return self.waiting.park_long(message, meta, ACCESS_WAIT_SECONDS, now)
+            why = waiting_for(WaitingReason.BATCH_ACCESS, now)
+            return self.waiting.park_long(message, meta, ACCESS_WAIT_SECONDS, now, why)
         if verdict.kind == "no_model":
             gone = f"Model {validation.quote(message.model)} not found"
             return self._fail_unrun(message, meta, now, {"code": "model_not_found", "status": 404, "message": gone})
