@@ -108,6 +108,9 @@ def main() -> None:
     parser.add_argument("--aws-call-ms", type=float, default=10.0,
                         help="for a sensitivity line: the worker's AWS calls at this latency each, as on AWS, "
                              "instead of the local stack's (moto, one request at a time) measured durations")
+    parser.add_argument("--contended", action="store_true",
+                        help="a second account's batch of the same size, created just before the measured one, "
+                             "on the same model: its slots full while both run (calls and writes are of both)")
     parser.add_argument("--target", type=float, default=8.0, help="calls per successful request (default 8)")
     parser.add_argument("--target-usd", type=float, default=3.0, help="USD per million requests (default 3)")
     parser.add_argument("--target-wru", type=float, default=4.0, help="DynamoDB WRU per request (default 4)")
@@ -135,6 +138,10 @@ def main() -> None:
         accounts.set_account(get_settings(), "dev", concurrency=max(16, 2 * concurrency, args.hot_in_flight))
         calls = AwsCalls(stack).install()
         client = c.Client(stack.base_url, stack.dev_key)
+        rival = None
+        if args.contended:
+            rival = c.Client(stack.base_url, accounts.create_key(
+                get_settings(), "rival", tier="internal", concurrency=max(16, 2 * concurrency, args.hot_in_flight)))
         # The model's and the account's slots items exist on any stack that has run a batch: a
         # one-request batch first creates them, so the run measures the steady state and not its
         # first chains racing to create them (conditional writes that fail on a tiny item, which
@@ -144,9 +151,13 @@ def main() -> None:
         calls.reset()
         moto_before = calls.moto_requests()
         started = time.perf_counter()
+        rival_batch = rival.create(data)[0] if rival else None
         batch, create_seconds = client.create(data)
         batch, run_seconds = client.wait_final(batch["id"], timeout=600, interval=args.poll)
         results, pages = client.read_all(batch["id"], args.page)
+        if rival and rival_batch:
+            rival_batch = rival.wait_final(rival_batch["id"], timeout=600, interval=args.poll)[0]
+            rival.read_all(rival_batch["id"], args.page)
         elapsed = time.perf_counter() - started
         page_bytes = list(client.page_bytes)
         time.sleep(0.5)  # let the last deletes of the poller land
@@ -162,6 +173,9 @@ def main() -> None:
         calls.uninstall()
 
     succeeded = batch["request_counts"]["completed"]
+    if rival_batch:
+        print(f"the other account's batch: {rival_batch['status']}, counts {rival_batch['request_counts']}")
+        succeeded += rival_batch["request_counts"]["completed"]
     print(f"batch of {args.requests} on {c.MODEL} ({concurrency} batch slots): {batch['status']}, "
           f"counts {batch['request_counts']}; create "
           f"{create_seconds:.2f} s, run {run_seconds:.2f} s, read {len(results)} results in {len(pages)} page(s); "
