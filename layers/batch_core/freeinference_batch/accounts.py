@@ -299,6 +299,16 @@ def _quota_message(daily_quota_nano: int) -> str:
     return f"Daily quota of {format_usd(daily_quota_nano)} used up; it renews at 00:00 UTC"
 
 
+def batch_catalog(settings: Settings, principal: Principal) -> Catalog:
+    """The catalog, once the principal's tier may use batches (creating them, retrying them,
+    managing their webhooks); 403 otherwise."""
+    catalog = load_catalog(settings.model_catalog_path)
+    if not catalog.tier_may_batch(principal.tier):
+        raise errors.Forbidden("Batch inference is available to internal accounts only; "
+                               f"this key's account tier is {principal.tier!r}")
+    return catalog
+
+
 def authenticate(settings: Settings, headers: Mapping[str, str]) -> Principal:
     """The caller of an API request, from its headers.
 

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
+from freeinference_batch import accounts
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import dispatch, idempotency, lifecycle, validation, views
 from freeinference_batch.core import clock, pages
-from freeinference_batch.core.catalog import Catalog, load_catalog
+from freeinference_batch.core.catalog import Catalog
 from freeinference_batch.core.errors import (
     BadRequest,
     Conflict,
-    Forbidden,
     NotFound,
     PayloadTooLarge,
     TooManyRequests,
@@ -120,18 +120,9 @@ class Created:
     replayed: bool = False
 
 
-def may_create(settings: Settings, principal: Principal) -> Catalog:
-    """The catalog, once the principal's tier may create batches (403 otherwise)."""
-    catalog = load_catalog(settings.model_catalog_path)
-    if not catalog.tier_may_batch(principal.tier):
-        raise Forbidden("Batch inference is available to internal accounts only; "
-                        f"this key's account tier is {principal.tier!r}")
-    return catalog
-
-
 def create_batch(settings: Settings, principal: Principal, body: bytes, content_encoding: str | None,
                  idempotency_key: str | None = None) -> Created:
-    catalog = may_create(settings, principal)
+    catalog = accounts.batch_catalog(settings, principal)
     raw = decode_body(body, content_encoding, settings.batch_max_body_bytes)
     key = idempotency.parse(principal.account_id, idempotency_key, raw)
     if key is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 
+from freeinference_batch import accounts
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import idempotency, operations, validation, views
 from freeinference_batch.batches.operations import Created
@@ -40,7 +41,7 @@ RETRY_MAX_BODY_BYTES = 256 * 1024
 def retry_batch(settings: Settings, principal: Principal, batch_id: str, body: bytes,
                 content_encoding: str | None, idempotency_key: str | None = None) -> Created:
     """`POST /v1/batches/{batch_id}/retry`: the child, answered as create answers a new batch."""
-    catalog = operations.may_create(settings, principal)
+    catalog = accounts.batch_catalog(settings, principal)
     try:
         raw = operations.decode_body(body, content_encoding, RETRY_MAX_BODY_BYTES)
     except PayloadTooLarge:

@@ -13,10 +13,10 @@ import math
 import re
 import secrets
 
+from freeinference_batch import accounts
 from freeinference_batch.accounts import Principal
 from freeinference_batch.core import clock
-from freeinference_batch.core.catalog import load_catalog
-from freeinference_batch.core.errors import BadRequest, Forbidden, NotFound, TooManyRequests, busy
+from freeinference_batch.core.errors import BadRequest, NotFound, TooManyRequests, busy
 from freeinference_batch.core.schemas import (
     DeletedWebhookEndpoint,
     WebhookCreateBody,
@@ -52,12 +52,6 @@ def new_endpoint_id(now: float) -> str:
 
 
 
-def _may_manage(settings: Settings, principal: Principal) -> None:
-    if not load_catalog(settings.model_catalog_path).tier_may_batch(principal.tier):
-        raise Forbidden("Batch inference is available to internal accounts only; "
-                        f"this key's account tier is {principal.tier!r}")
-
-
 def _event_types(given: list[str]) -> list[str]:
     unknown = [name for name in given if name not in EVENT_TYPES]
     if unknown:
@@ -85,7 +79,7 @@ def _with_secret(record: EndpointRecord, secret: str) -> dict:
 
 
 def _owned(settings: Settings, principal: Principal, endpoint_id: str) -> EndpointRecord:
-    _may_manage(settings, principal)
+    accounts.batch_catalog(settings, principal)
     record = None
     if ENDPOINT_ID.fullmatch(endpoint_id):
         record = WebhookEndpoints(settings).get(principal.account_id, endpoint_id)
@@ -96,7 +90,7 @@ def _owned(settings: Settings, principal: Principal, endpoint_id: str) -> Endpoi
 
 def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
                     resolver: urls.Resolver | None = None) -> dict:
-    _may_manage(settings, principal)
+    accounts.batch_catalog(settings, principal)
     body = parse_body(raw, WebhookCreateBody)
     event_types = _event_types(body.event_types)
     url = _checked_url(settings, body.url, resolver)
@@ -117,7 +111,7 @@ def create_endpoint(settings: Settings, principal: Principal, raw: bytes,
 
 
 def list_endpoints(settings: Settings, principal: Principal, limit: int, after: str | None) -> dict:
-    _may_manage(settings, principal)
+    accounts.batch_catalog(settings, principal)
     if after is not None and not ENDPOINT_ID.fullmatch(after):
         raise BadRequest(f"after must be a webhook endpoint id such as a page's last_id (got '{after}')",
                          param="after")
