@@ -77,6 +77,32 @@ def test_near_its_quota_a_chain_counts_each_request_before_it_claims_the_next(ha
     assert usage_today(harness) == meta_of(harness, batch["id"]).cost_nano == sum(costs)
 
 
+def test_near_its_quota_a_run_that_dies_after_a_hand_over_leaves_nothing_settled_uncounted(
+        harness, upstream, monkeypatch):
+    # Given an account near its quota and chain 0 of a 16-request batch whose run dies right after
+    # its second hand-over: its slot is another chain's once its lease runs out, long before the
+    # sweep would count for it
+    accounts.set_account(harness.settings, ACCOUNT, daily_quota_usd=NEAR_QUOTA_USD)
+    contents = [f"Dies near {n}" for n in range(16)]
+    batch = harness.create([sample_request(f"q-{n}", text) for n, text in enumerate(contents)])
+    steps: list[str] = []
+
+    def die_the_second_time(self, step: str) -> None:
+        steps.append(step)
+        if steps.count("between a settle and the next claim") == 2:
+            raise worker.SimulatedCrash(step)
+
+    monkeypatch.setattr(worker.Worker, "_maybe_crash", die_the_second_time)
+    # When the run dies there
+    with pytest.raises(worker.SimulatedCrash):
+        run_chain(harness, batch["id"])
+    # Then both requests it settled are in the day's usage and the batch's counts already: the
+    # reads of the account's other chains see them, with no sweep
+    meta = meta_of(harness, batch["id"])
+    assert (meta.completed, meta.cost_nano) == (2, one_cost(contents[0]) + one_cost(contents[4]))
+    assert usage_today(harness) == meta.cost_nano
+
+
 def test_near_its_quota_a_chain_claims_nothing_once_another_count_used_it_up(harness, upstream, monkeypatch):
     sim, _ = upstream
     # Given an account near its quota and chain 0 of a 16-request batch running on

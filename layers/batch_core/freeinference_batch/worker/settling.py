@@ -150,34 +150,67 @@ class Settler:
                                                    claimed.block, claimed.tally)
         if block.lost:
             return Leave()  # its slots expired under it (slot_blocks.py): queue up again
-        if not apply_update(self.writes.settle(message, token, now, **settled)):
+        cost = int(settled.get("cost_nano", 0))
+        # Near the quota (judged again with this request's cost, on the usage the last gates read),
+        # the request is settled and counted in one transaction, before the next claim, so that
+        # the others' reads see it: settled alone, a run that died before its count would leave
+        # it uncounted while its slot went to another chain, which then ran on past the quota.
+        exact = claimed.quota is not None and claimed.quota.near(tally.cost_nano + cost, max(tally.peak_nano, cost))
+        settle = self.writes.settle(message, token, now, **settled)
+        if exact:
+            return self._settle_counted(claimed, following, now, settle, settled)
+        if not apply_update(settle):
             logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
                                                               "position": message.position})
             return Done()  # the sweep took the request back, and counts what this run settled
-        tally.add(settled["status"], int(settled.get("cost_nano", 0)), now)
+        tally.add(settled["status"], cost, now)
         count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
         self.crash("between a settle and the next claim")
         # Count before claiming the next request: a count that cannot be written then leaves
-        # nothing claimed behind. Near the quota (judged again with this request's cost, on the
-        # usage the last gates read), every request is counted before the next claim, so that the
-        # others' reads see it.
-        exact = claimed.quota is not None and claimed.quota.near(tally.cost_nano, tally.peak_nano)
-        if exact or tally.due(now, self.settings.batch_dispatch_lease_seconds):
+        # nothing claimed behind.
+        if tally.due(now, self.settings.batch_dispatch_lease_seconds):
             try:
                 transact(self.writes.flush(message.batch_id, meta.account_id, tally, run, now,
                                            now + self.settings.batch_dispatch_lease_seconds))
                 tally = claimed.tally = tally.counted(now)
             except TransactionConflict:
-                # Nothing was written. Far from the quota the tally waits for the next hand-over;
-                # near it, the run leaves (its leave counts) rather than claim with it uncounted.
-                if exact:
-                    return self._give_up(claimed, following, now)
+                pass  # nothing was written: the tally waits for the next hand-over
             except TransactionFailed:
                 # Only a sweep that took this run for dead moves the chain under it: it counts
                 # what this run settled and sends the chain's next message.
                 logger.error("hand-over lost its chain", extra={"batch_id": message.batch_id,
                                                                 "position": message.position})
                 return Done()
+        return self._claim_following(claimed, following, now, exact=False)
+
+    def _settle_counted(self, claimed: Claimed, following: RequestMessage, now: float, settle: dict,
+                        settled: dict[str, Any]) -> Claimed | Done | Leave:
+        """A hand-over near the quota: the request's settle and the count of everything the run
+        settled in one transaction, then the next claim. A conflict leaves the chain (the leave
+        settles and counts in its own transaction) rather than claim with a settle uncounted."""
+        message, meta, tally = claimed.message, claimed.meta, claimed.tally
+        tally.add(settled["status"], int(settled.get("cost_nano", 0)), now)
+        lease_until = now + self.settings.batch_dispatch_lease_seconds
+        try:
+            transact([settle, *self.writes.flush(message.batch_id, meta.account_id, tally, claimed.run, now,
+                                                 lease_until)])
+        except TransactionConflict:
+            return self._give_up(claimed, following, now, settle=settle)
+        except TransactionFailed:
+            # The run lost its claim or its chain to the sweep, which counts what this run settled.
+            logger.warning("hand-over lost its claim", extra={"batch_id": message.batch_id,
+                                                              "position": message.position})
+            return Done()
+        claimed.tally = tally.counted(now)
+        count_settled(message.model, completed=settled["status"] == RequestStatus.COMPLETED)
+        self.crash("between a settle and the next claim")
+        return self._claim_following(claimed, following, now, exact=True)
+
+    def _claim_following(self, claimed: Claimed, following: RequestMessage, now: float, *,
+                         exact: bool) -> Claimed | Done:
+        """Claim the chain's next request, read its gates and judge them, under the run's hold on
+        the slots. `exact`: near the quota (the gates are read consistently, nothing reused)."""
+        message, meta, run, block, tally = claimed.message, claimed.meta, claimed.run, claimed.block, claimed.tally
         next_token = uuid.uuid4().hex
         if not self._claim_next(following, next_token, run, now, meta.ttl):
             # Claimed by another run (the sweep took this one for dead and sent the chain's message
@@ -261,14 +294,15 @@ class Settler:
                            extra={"batch_id": claimed.message.batch_id, "position": claimed.message.position})
 
     def _give_up(self, claimed: Claimed, following: RequestMessage, now: float, leave: Leave | None = None,
-                 next_token: str | None = None) -> Done:
+                 next_token: str | None = None, settle: dict | None = None) -> Done:
         """Leave the chain between two requests: count, free the chain and the slots, wake waiters,
         and send the next request's message (`leave.delay_seconds` late), which meets the gates
         afresh. `next_token`: the next request's claim, written but not started: in the leave's
-        transaction it goes back to queued with its attempt given back (it never ran)."""
+        transaction it goes back to queued with its attempt given back (it never ran). `settle`:
+        the request's own settle, not yet written (its tally has it), written in that transaction."""
         leave = leave or Leave()
         lease_until = now + self.settings.batch_dispatch_lease_seconds
-        unclaim = None if next_token is None else self.writes.settle(
+        unclaim = settle if next_token is None else self.writes.settle(
             following, next_token, now, status=RequestStatus.QUEUED, lease_until=lease_until, give_back_attempt=True)
         if self._leave(claimed, now, unclaim, lease_until):
             # Wake first: the freed slot is the waiter's, and its wait is what fairness is measured by.
