@@ -210,23 +210,29 @@ def list_files(settings: Settings, account_id: str, *, purpose: str | None, limi
 # -- input files --
 
 
-def create_input_file(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> None:
-    """Write an input file's item and count it on its account, in one transaction; raise
-    FileCapReached when the account already holds `max_files` files or would pass `max_bytes`."""
-    size = record.bytes
+def input_file_elements(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> list[dict]:
+    """The two transaction elements that store an input file: its item (new), and its count and
+    bytes added to its account's on the condition that they stay within `max_files` and
+    `max_bytes` (a refused second element is FileCapReached: see `create_input_file`)."""
     count = update_element(
         settings.accounts_table_name, account_item_key(record.account_id),
         "ADD input_files :one, input_file_bytes :size SET account_id = if_not_exists(account_id, :account)",
         "(attribute_not_exists(input_files) OR input_files < :max_files) AND "
         "(attribute_not_exists(input_file_bytes) OR input_file_bytes <= :room)",
-        one=1, size=size, account=record.account_id, max_files=max_files, room=max_bytes - size,
+        one=1, size=record.bytes, account=record.account_id, max_files=max_files, room=max_bytes - record.bytes,
     )
-    if size > max_bytes:
-        raise FileCapReached()
     put = {"Put": {"TableName": settings.batch_table_name, "Item": _item(record),
                    "ConditionExpression": "attribute_not_exists(pk)"}}
+    return [put, count]
+
+
+def create_input_file(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> None:
+    """Write an input file's item and count it on its account, in one transaction; raise
+    FileCapReached when the account already holds `max_files` files or would pass `max_bytes`."""
+    if record.bytes > max_bytes:
+        raise FileCapReached()
     try:
-        transact([put, count])
+        transact(input_file_elements(settings, record, max_files=max_files, max_bytes=max_bytes))
     except TransactionFailed as failed:
         if failed.failed(1):
             raise FileCapReached() from failed
@@ -330,3 +336,58 @@ def delete_batch_files(settings: Settings, batch_id: str) -> None:
     for kind in ("output", "error"):
         aws.dynamodb().delete_item(TableName=settings.batch_table_name,
                                    Key=file_key(batch_file_id(batch_id, kind)))
+
+
+# -- joining an upload's parts into one object (files/content.py) --
+#
+# Its progress is an item of its own, `FILE#<id>` / `JOIN` (the file's item may hold a thousand
+# object keys: each step would rewrite them all): the S3 multipart upload's id, the next of the
+# file's objects to read, and the ETags of the parts written so far. A step writes whole objects
+# only, so progress is a position in `objects`, and a run that dies resumes from the last step.
+
+JOIN_SK = "JOIN"
+
+
+def join_key(file_id: str) -> dict[str, dict]:
+    return key(f"FILE#{file_id}", JOIN_SK)
+
+
+def get_join(settings: Settings, file_id: str) -> dict[str, Any] | None:
+    answer = aws.dynamodb().get_item(TableName=settings.batch_table_name, Key=join_key(file_id), ConsistentRead=True)
+    return from_item(answer.get("Item"))
+
+
+def start_join(settings: Settings, file_id: str, upload_id: str, now: float, ttl: int) -> bool:
+    """Record a join's start; False when another one started first (its progress is the one)."""
+    item = to_item({"pk": f"FILE#{file_id}", "sk": JOIN_SK, "upload_id": upload_id, "next_object": 0,
+                    "etags": [], "started_at": int(now), "ttl": ttl})
+    try:
+        aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=item,
+                                ConditionExpression="attribute_not_exists(pk)")
+        return True
+    except ClientError as error:
+        if is_conditional_failure(error):
+            return False
+        raise
+
+
+def advance_join(settings: Settings, file_id: str, upload_id: str, read_before: int, next_object: int,
+                 etag: str) -> bool:
+    """One step's progress: the part written, from objects `read_before` up to `next_object`;
+    False when another run moved it first (this run's part is then not counted: it stops)."""
+    try:
+        aws.dynamodb().update_item(
+            TableName=settings.batch_table_name, Key=join_key(file_id),
+            UpdateExpression="SET next_object = :next, etags = list_append(etags, :etag)",
+            ConditionExpression="upload_id = :upload AND next_object = :before",
+            ExpressionAttributeValues=values(next=next_object, etag=[etag], upload=upload_id, before=read_before),
+        )
+        return True
+    except ClientError as error:
+        if is_conditional_failure(error):
+            return False
+        raise
+
+
+def end_join(settings: Settings, file_id: str) -> None:
+    aws.dynamodb().delete_item(TableName=settings.batch_table_name, Key=join_key(file_id))
