@@ -59,7 +59,9 @@ def test_an_expired_file_is_gone(harness) -> None:
     record = _input_file(harness, expires_in=60)
     harness.advance_clock(61)
     assert files.get_file(harness.settings, "acct-1", record.id) is None
-    assert [r.id for r in files.expired_input_files(harness.settings, time.time() + 61)] == [record.id]
+    assert files.purge_input_files(harness.settings, time.time() + 61) == 1
+    assert "input_files" in _account(harness) and _account(harness)["input_files"] == 0
+    assert files.purge_input_files(harness.settings, time.time() + 61) == 0  # its item is gone
 
 
 def test_lines_come_in_order_and_a_line_across_two_objects_is_joined(harness, monkeypatch) -> None:
@@ -74,8 +76,8 @@ def test_the_account_counts_its_files_and_bytes_and_refuses_past_the_caps(harnes
     assert (_account(harness)["input_files"], _account(harness)["input_file_bytes"]) == (2, 800)
     with pytest.raises(files.FileCapReached):  # bytes: 800 + 400 > 1000
         _input_file(harness, content=b"z" * 400)
-    assert files.delete_input_file(harness.settings, first)
-    assert not files.delete_input_file(harness.settings, first)  # given back once
+    assert files.delete_input_file(harness.settings, first, time.time())
+    assert not files.delete_input_file(harness.settings, first, time.time())  # given back once
     assert (_account(harness)["input_files"], _account(harness)["input_file_bytes"]) == (1, 400)
     assert files.get_file(harness.settings, "acct-1", first.id) is None
     _input_file(harness, content=b"z" * 10)
@@ -86,7 +88,7 @@ def test_the_account_counts_its_files_and_bytes_and_refuses_past_the_caps(harnes
 
 def test_a_deleted_files_objects_are_deleted(harness) -> None:
     record = _input_file(harness)
-    files.delete_input_file(harness.settings, record)
+    files.delete_input_file(harness.settings, record, time.time())
     listed = aws.s3().list_objects_v2(Bucket=harness.settings.payload_bucket_name, Prefix=f"files/{record.id}/")
     assert listed.get("KeyCount", 0) == 0
 

@@ -111,7 +111,7 @@ def delete_file(settings: Settings, principal: accounts.Principal, file_id: str)
     record = owned_file(settings, principal, file_id)
     if record.batch_id is None:
         try:
-            files.delete_input_file(settings, record)
+            files.delete_input_file(settings, record, clock.now(settings.clock_offset_file))
         except TransactionConflict as conflict:
             raise busy("deleting the file") from conflict
     else:

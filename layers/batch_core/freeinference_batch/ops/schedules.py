@@ -234,8 +234,7 @@ def expire_files(settings: Settings, now: float) -> dict:
     """Input files past their `expires_at` deleted, their count and bytes given back to their
     accounts (the caps stay true: DynamoDB's TTL is only a backstop); pending uploads past their
     hour ended, their parts deleted."""
-    expired_files = sum(files.delete_input_file(settings, record)
-                        for record in files.expired_input_files(settings, now))
+    expired_files = files.purge_input_files(settings, now)
     expired_uploads = sum(uploads.end(settings, record, "expired")
                           for record in uploads.expired_uploads(settings, now))
     return {"expired_files": expired_files, "expired_uploads": expired_uploads}

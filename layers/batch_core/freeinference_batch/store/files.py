@@ -35,6 +35,7 @@ from freeinference_batch.store.accounts_table import account_item_key
 from freeinference_batch.store.dynamo import (
     TransactionFailed,
     batch_get,
+    batch_write,
     from_item,
     is_conditional_failure,
     key,
@@ -239,37 +240,47 @@ def create_input_file(settings: Settings, record: FileRecord, *, max_files: int,
         raise
 
 
-def delete_input_file(settings: Settings, record: FileRecord) -> bool:
-    """Delete an input file's item and give its count and bytes back to its account, in one
-    transaction; then its objects. False when the item was already gone (another delete, or the
-    purge, gave them back)."""
-    delete = {"Delete": {"TableName": settings.batch_table_name, "Key": file_key(record.id),
-                         "ConditionExpression": "attribute_exists(pk)"}}
+def delete_input_file(settings: Settings, record: FileRecord, now: float) -> bool:
+    """Delete an input file: in one transaction its item becomes a tombstone (`deleted_at`: gone
+    for every read at once, the purge removes it) and its count and bytes go back to its account;
+    then its objects. False when it was already deleted (another delete, or the purge, gave them
+    back). A tombstone rather than DeleteItem: no function's role may delete items one by one."""
+    tombstone = update_element(settings.batch_table_name, file_key(record.id),
+                               "SET deleted_at = :now, purge_shard = :shard, purge_at = :now",
+                               "attribute_exists(pk) AND attribute_not_exists(deleted_at)",
+                               now=int(now), shard=FILES_SHARD)
     give_back = update_element(settings.accounts_table_name, account_item_key(record.account_id),
                                "ADD input_files :minus_one, input_file_bytes :minus_size",
                                minus_one=-1, minus_size=-record.bytes)
     try:
-        transact([delete, give_back])
+        transact([tombstone, give_back])
     except TransactionFailed as failed:
         if failed.failed(0):
             return False
         raise
-    # The item is gone first, so the content is a 404 at once; an object left by a failed delete
-    # is the bucket lifecycle's (9 days).
+    # The item is a tombstone first, so the content is a 404 at once; an object left by a failed
+    # delete is the bucket lifecycle's (9 days).
     objects.delete_keys(settings.payload_bucket_name, record.objects)
     return True
 
 
-def expired_input_files(settings: Settings, now: float) -> Iterator[FileRecord]:
-    """Input files whose `expires_at` has passed, for the purge schedule to delete."""
+def purge_input_files(settings: Settings, now: float) -> int:
+    """The purge schedule's part: input files whose `expires_at` has passed deleted (their count
+    and bytes given back), and the items of deleted ones removed with their join's. How many
+    expired."""
+    expired = 0
     for item in query_all(TableName=settings.batch_table_name, IndexName="purge-index",
                           KeyConditionExpression="purge_shard = :shard AND purge_at <= :now",
                           ExpressionAttributeValues=values(shard=FILES_SHARD, now=now)):
         answer = aws.dynamodb().get_item(TableName=settings.batch_table_name,
                                          Key=key(item["pk"], item["sk"]), ConsistentRead=True)
-        record = _record(from_item(answer.get("Item")))
-        if record is not None:
-            yield record
+        found = from_item(answer.get("Item"))
+        if found is None:
+            continue
+        if found.get("deleted_at") is None:
+            expired += delete_input_file(settings, _record(found), now)
+        batch_write(settings.batch_table_name, deletes=[file_key(found["id"]), join_key(found["id"])])
+    return expired
 
 
 def set_objects(settings: Settings, file_id: str, object_keys: list[str], expected: list[str]) -> bool:
@@ -333,9 +344,8 @@ def delete_batch_file(settings: Settings, record: FileRecord, now: float) -> Non
 
 def delete_batch_files(settings: Settings, batch_id: str) -> None:
     """Delete a batch's output and error file items (the batch's purge deletes their objects)."""
-    for kind in ("output", "error"):
-        aws.dynamodb().delete_item(TableName=settings.batch_table_name,
-                                   Key=file_key(batch_file_id(batch_id, kind)))
+    batch_write(settings.batch_table_name, deletes=[file_key(batch_file_id(batch_id, kind))
+                                                    for kind in ("output", "error")])
 
 
 # -- joining an upload's parts into one object (files/content.py) --
@@ -390,4 +400,4 @@ def advance_join(settings: Settings, file_id: str, upload_id: str, read_before: 
 
 
 def end_join(settings: Settings, file_id: str) -> None:
-    aws.dynamodb().delete_item(TableName=settings.batch_table_name, Key=join_key(file_id))
+    batch_write(settings.batch_table_name, deletes=[join_key(file_id)])
