@@ -41,6 +41,10 @@ def caps_message(settings: Settings) -> str:
             "(client.files.delete) or wait for them to expire")
 
 
+def cap_refused(settings: Settings) -> Conflict:
+    return Conflict(caps_message(settings), code="file_limit_reached")
+
+
 def upload_file(settings: Settings, principal: accounts.Principal, body: bytes, content_type: str | None) -> dict:
     """files.create: the whole file in one multipart body."""
     accounts.batch_catalog(settings, principal)
@@ -69,7 +73,7 @@ def upload_file(settings: Settings, principal: accounts.Principal, body: bytes, 
                                 max_bytes=settings.file_max_stored_bytes)
     except files.FileCapReached as refused:
         objects.delete_keys(settings.payload_bucket_name, [key])
-        raise Conflict(caps_message(settings), code="file_limit_reached") from refused
+        raise cap_refused(settings) from refused
     except TransactionConflict as conflict:
         objects.delete_keys(settings.payload_bucket_name, [key])
         raise busy("storing the file") from conflict

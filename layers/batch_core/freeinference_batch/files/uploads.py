@@ -22,7 +22,7 @@ from freeinference_batch.core.errors import BadRequest, Conflict, NotFound, Payl
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.files import multipart
 from freeinference_batch.files.models import CompleteUploadBody, CreateUploadBody, UploadObject, UploadPartObject
-from freeinference_batch.files.operations import caps_message, check_purpose, file_object
+from freeinference_batch.files.operations import cap_refused, check_purpose, file_object
 from freeinference_batch.store import files, objects, uploads
 from freeinference_batch.store.dynamo import TransactionConflict
 
@@ -133,7 +133,7 @@ def complete_upload(settings: Settings, principal: accounts.Principal, upload_id
         uploads.complete(settings, record, file, max_files=settings.file_max_stored,
                          max_bytes=settings.file_max_stored_bytes)
     except files.FileCapReached as refused:
-        raise Conflict(caps_message(settings), code="file_limit_reached") from refused
+        raise cap_refused(settings) from refused
     except uploads.UploadNotPending as late:
         raise Conflict(f"Upload '{upload_id}' is no longer pending: only a pending upload takes parts, completes "
                        "or cancels", code="upload_not_pending") from late
