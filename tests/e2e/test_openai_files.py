@@ -12,8 +12,13 @@ import pytest
 from conftest import StackProcess
 
 
-def _client(stack: StackProcess, key: str | None = None) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key=key or stack.key, max_retries=0, timeout=60)
+def _client(stack: StackProcess, key: str | None = None, sent: list | None = None) -> openai.OpenAI:
+    """The SDK as users make it; `sent` collects (url, headers) of every request its HTTP client
+    sends, redirects followed included."""
+    hooks = {"request": [lambda request: sent.append((str(request.url), dict(request.headers)))]} if sent is not None \
+        else {}
+    return openai.OpenAI(base_url=stack.base_url, api_key=key or stack.key, max_retries=0, timeout=60,
+                         http_client=openai.DefaultHttpxClient(event_hooks=hooks))
 
 
 def _lines(size: int) -> bytes:
@@ -28,7 +33,8 @@ def _lines(size: int) -> bytes:
 
 
 def test_files_and_uploads_through_the_openai_sdk(stack: StackProcess, tmp_path: Path) -> None:
-    client = _client(stack)
+    sent: list[tuple[str, dict]] = []
+    client = _client(stack, sent=sent)
     small = _lines(10_000)
     made = client.files.create(file=("small.jsonl", small), purpose="batch")
     assert (made.object, made.purpose, made.status, made.bytes, made.filename) == (
@@ -48,7 +54,12 @@ def test_files_and_uploads_through_the_openai_sdk(stack: StackProcess, tmp_path:
     assert client.files.retrieve(made.id) == made
 
     # A redirect to a presigned S3 GET, followed by the SDK (without our Authorization)
+    sent.clear()
     assert client.files.content(made.id).content == small
+    (api_url, api_headers), (s3_url, s3_headers) = sent
+    assert api_url.startswith(stack.base_url) and "authorization" in api_headers
+    assert not s3_url.startswith(stack.base_url) and "Signature=" in s3_url
+    assert "authorization" not in s3_headers  # httpx keeps it off another host
     assert client.files.content(upload.file.id).content == big  # its five parts joined into one object
 
     other = _client(stack, stack.create_key("acct-files-other", tier="internal"))
