@@ -40,7 +40,8 @@ def single_object(settings: Settings, record: files.FileRecord, seconds: float) 
         upload_id = objects.start_multipart(bucket, target, ContentType="application/jsonl")
         now = clock.now(settings.clock_offset_file)
         if not files.start_join(settings, record.id, upload_id, now, int(now) + JOIN_TTL_SECONDS):
-            objects.abort_multipart(bucket, target, upload_id)
+            # Another call started first: its join goes on; this multipart upload, never used, is
+            # aborted by the bucket's lifecycle rule (AbortIncompleteMultipartUpload, a day).
             progress = files.get_join(settings, record.id)
         else:
             progress = {"upload_id": upload_id, "next_object": 0, "etags": []}

@@ -100,7 +100,3 @@ def put_part(bucket: str, key: str, upload_id: str, number: int, body: bytes) ->
 def complete_multipart(bucket: str, key: str, upload_id: str, etags: list[str]) -> None:
     parts = [{"PartNumber": number, "ETag": etag} for number, etag in enumerate(etags, start=1)]
     aws.s3().complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
-
-
-def abort_multipart(bucket: str, key: str, upload_id: str) -> None:
-    aws.s3().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
