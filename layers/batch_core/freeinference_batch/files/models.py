@@ -3,9 +3,20 @@ FileObject, Upload and UploadPart)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+def _json_integer(value: Any) -> Any:
+    """A JSON integer (1, or 1.0, which JSON Schema calls an integer too), never true/false or "1"."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+JsonStr = Annotated[str, Field(strict=True)]
 
 
 class FileObject(BaseModel):
@@ -38,24 +49,24 @@ class ExpiresAfter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     anchor: Literal["created_at"]
-    seconds: int
+    seconds: JsonInt
 
 
 class CreateUploadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    filename: str = Field(min_length=1, max_length=255)
-    purpose: str
-    bytes: int = Field(ge=1)
-    mime_type: str = Field(min_length=1, max_length=255)
+    filename: JsonStr = Field(min_length=1, max_length=255)
+    purpose: JsonStr
+    bytes: JsonInt = Field(ge=1)
+    mime_type: JsonStr = Field(min_length=1, max_length=255)
     expires_after: ExpiresAfter | None = None
 
 
 class CompleteUploadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    part_ids: list[str] = Field(min_length=1)
-    md5: str | None = None
+    part_ids: list[JsonStr] = Field(min_length=1)
+    md5: JsonStr | None = None
 
 
 class UploadObject(BaseModel):

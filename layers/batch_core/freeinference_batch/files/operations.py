@@ -21,7 +21,7 @@ from freeinference_batch.store.dynamo import TransactionConflict
 CHUNKED_UPLOAD = ('client.uploads.upload_file_chunked(file=..., mime_type="application/jsonl", '
                   'purpose="batch", part_size=4 * 1024 * 1024)')
 FILE_ID = re.compile(r"file-[0-9a-f]{32}")
-LIMIT = re.compile(r"[0-9]{1,4}")
+LIMIT = re.compile(r"[0-9]{1,5}")
 
 
 def file_object(record: files.FileRecord) -> dict:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from freeinference_batch import accounts
 from freeinference_batch.core import clock
-from freeinference_batch.core.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceUnavailable, busy
+from freeinference_batch.core.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, busy
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.files import multipart
 from freeinference_batch.files.models import CompleteUploadBody, CreateUploadBody, UploadObject, UploadPartObject
@@ -52,7 +52,7 @@ def create_upload(settings: Settings, principal: accounts.Principal, raw: bytes)
     body = _body(raw, CreateUploadBody)
     check_purpose(body.purpose)
     if body.bytes > settings.file_max_bytes:
-        raise PayloadTooLarge(f"A file holds at most {settings.file_max_bytes} bytes; this upload declares "
+        raise BadRequest(f"A file holds at most {settings.file_max_bytes} bytes; this upload declares "
                               f"{body.bytes}", param="bytes")
     now = clock.now(settings.clock_offset_file)
     lifetime = settings.upload_lifetime_seconds
