@@ -205,12 +205,12 @@ def test_purge_handler_removes_every_item_and_object_of_a_deleted_batch(harness)
     assert harness.call("GET", f"/v1/batches/{doomed['id']}")[0] == 404
     assert batch_items(harness, doomed["id"])
     # And after the purge schedule, nothing of it is left; the other batch is untouched
-    assert run_schedule("purge") == {"purged": 1}
+    assert run_schedule("purge") == {"purged": 1, "expired_files": 0, "expired_uploads": 0}
     assert batch_items(harness, doomed["id"]) == []
     assert batch_objects(harness, doomed["id"]) == []
     assert harness.batch(kept["id"]) == kept
     assert batch_items(harness, kept["id"])
-    assert run_schedule("purge") == {"purged": 0}
+    assert run_schedule("purge") == {"purged": 0, "expired_files": 0, "expired_uploads": 0}
 
 
 def test_purge_handler_removes_a_finished_batch_after_retention(harness):
@@ -218,7 +218,7 @@ def test_purge_handler_removes_a_finished_batch_after_retention(harness):
     batch = harness.create([sample_request("q-0"), sample_request("q-1")])
     assert harness.run_to_final(batch["id"])["status"] == "completed"
     # Within retention the purge keeps it
-    assert run_schedule("purge") == {"purged": 0}
+    assert run_schedule("purge") == {"purged": 0, "expired_files": 0, "expired_uploads": 0}
     assert harness.call("GET", f"/v1/batches/{batch['id']}")[0] == 200
     # Past retention it reads as gone even before the purge reaches it
     harness.advance_clock(harness.settings.batch_retention_seconds + 1)
@@ -227,6 +227,6 @@ def test_purge_handler_removes_a_finished_batch_after_retention(harness):
     status, page = harness.call("GET", "/v1/batches")
     assert status == 200 and batch["id"] not in {b["id"] for b in page["data"]}
     # And the purge removes all of it
-    assert run_schedule("purge") == {"purged": 1}
+    assert run_schedule("purge") == {"purged": 1, "expired_files": 0, "expired_uploads": 0}
     assert batch_items(harness, batch["id"]) == []
     assert batch_objects(harness, batch["id"]) == []
