@@ -88,13 +88,15 @@ def recorder(harness, monkeypatch) -> Recorder:
         for i, p in functions.items()
         if any(e["Type"] == "DynamoDB" for e in p.get("Events", {}).values())
     }
-    rec.delivery_handlers = {  # type: ignore[attr-defined]  # SQS-triggered functions that are not workers
+    queue_handlers = {  # SQS-triggered functions that are not workers, by their queue
         event["Properties"]["Queue"]["Fn::GetAtt"][0]: as_function(
             load_handler(Path(p["CodeUri"]).name, p["Handler"].partition(".")[2]), lambda i=i: i)
         for i, p in functions.items()
         if "WORKER_MODEL" not in p["Environment"]["Variables"]
         for event in p.get("Events", {}).values() if event["Type"] == "SQS"
     }
+    rec.job_handler = queue_handlers.pop("BatchJobsQueue")  # type: ignore[attr-defined]
+    rec.delivery_handlers = queue_handlers  # type: ignore[attr-defined]
     rec.schedules = {  # type: ignore[attr-defined]
         p["Handler"].partition(".")[2]: as_function(load_handler("schedules", p["Handler"].partition(".")[2]),
                                                     lambda i=i: i)

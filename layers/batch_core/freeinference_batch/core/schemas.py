@@ -186,6 +186,13 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
 # ---- answers ------------------------------------------------------------------------------
 
 
+class BatchJob(BaseModel):
+    """A message of the batch jobs queue: one step of a batch's background work (batches/jobs.py)."""
+
+    kind: Literal["validate", "write_files"]
+    batch_id: str
+
+
 class RequestCounts(BaseModel):
     total: int
     completed: int
