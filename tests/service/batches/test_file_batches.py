@@ -118,7 +118,7 @@ def test_an_idempotency_key_replays_a_file_create(harness):
 
 
 def test_a_good_file_is_stored_as_create_stores_it_and_runs(harness):
-    lines = _good_lines(4) + [line_of(sample_request("q-4", model="qwen3.6-35b"))]
+    lines = [*_good_lines(4), line_of(sample_request("q-4", model="qwen3.6-35b"))]
     record = input_file(harness, [lines[0], b"", *lines[1:]], parts=3)  # a blank line; lines across parts
     _, batch = create_from(harness, record.id)
     assert run_jobs(harness) == 1

@@ -29,8 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from freeinference_batch import accounts
-from freeinference_batch.batches import lifecycle, validation
-from freeinference_batch.batches.operations import start_chains
+from freeinference_batch.batches import dispatch, lifecycle, validation
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import Catalog, load_catalog
 from freeinference_batch.core.errors import BadRequest
@@ -201,7 +200,7 @@ def store_requests(settings: Settings, table: BatchTable, meta: BatchRecord, lin
         logger.info("file batch no longer waits for its check; not started", extra={"batch_id": batch_id})
         return
     logger.info("file batch checked and stored", extra={"batch_id": batch_id, "requests": total})
-    start_chains(settings, table, batch_id, messages, lane_widths, lanes)
+    dispatch.start_chains(settings, table, batch_id, messages, lane_widths, lanes)
 
 
 def _fail(settings: Settings, meta: BatchRecord, errors: list[LineError]) -> None:

@@ -245,7 +245,7 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
             # META exists: only this call can have written it (the id is new), so an earlier try
             # of this same transaction committed and its answer was lost (botocore re-sends after
             # a 5xx or a reset connection). The batch is stored: carry on, never purge it.
-            start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
+            dispatch.start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
             return Created(answer)
         # Nothing of it is visible: remove what step 1 stored (its S3 objects by name, so the API
         # needs no right to list the bucket).
@@ -254,7 +254,7 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
 
     # 3. Start the chains. The batch is stored: whatever happens now, the answer is 200 (a 5xx
     #    would make a client retry and create it twice), and the sweep starts what this misses.
-    start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
+    dispatch.start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
     return Created(answer)
 
 
@@ -275,31 +275,6 @@ def _refused(settings: Settings, key: idempotency.IdempotencyKey | None, failure
         "wait for one to finish (or cancel one) before creating another",
         code="too_many_unfinished_batches",
     ) from None
-
-
-def start_chains(settings: Settings, table: BatchTable, batch_id: str, messages: list[RequestMessage],
-                 lane_widths: dict[str, int], lanes: dict[str, list[int]]) -> None:
-    """Send a new batch's first messages; if that fails, mark its chains due for the next sweep.
-
-    The sweep re-sends a chain whose dispatch lease has run out; setting the leases to now makes
-    that the next tick instead of BATCH_DISPATCH_LEASE_SECONDS later. Best effort: if this fails
-    too, the leases set at create still run out and recover the batch."""
-    try:
-        dispatch.send(settings, messages)
-        return
-    except Exception:
-        logger.exception("dispatch failed after the batch was stored; its chains are left to the sweep",
-                         extra={"batch_id": batch_id})
-    now = clock.now(settings.clock_offset_file)
-    try:
-        for model, positions in lanes.items():
-            for slot in range(min(lane_widths[model], len(positions))):
-                table.set_lane_lease(batch_id, model, slot, slot, now)  # only if the chain has not moved
-    except Exception:
-        logger.exception("could not mark the chains due; their dispatch leases will recover them",
-                         extra={"batch_id": batch_id})
-
-
 
 
 # ---- read -------------------------------------------------------------------------------
