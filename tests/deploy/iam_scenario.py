@@ -10,6 +10,7 @@ import base64
 import json
 import random
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import boto3
 import pytest
 from freeinference_batch import accounts
 from freeinference_batch.core import aws
+from freeinference_batch.store import files, objects
 from freeinference_batch.worker import upstream
 from freeinference_batch_local.cloudformation.template import load_template
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext
@@ -158,6 +160,35 @@ def _in_flight(harness, recorder: Recorder) -> int:
     return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
+def create_from_file(harness, lines: list[dict]) -> dict:
+    """A batch created from an input file holding `lines`, the file written as the Files API
+    writes one (its object, then its item through store/files.py), outside any function."""
+    now = time.time()
+    record = files.FileRecord(id=files.new_file_id(now), account_id="acct-1", purpose="batch", filename="in.jsonl",
+                              bytes=0, created_at=int(now), expires_at=int(now) + 86400, status="processed",
+                              objects=[])
+    content = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    key = files.input_object_key(record.id)
+    objects.put(harness.settings.payload_bucket_name, key, content)
+    record = record.model_copy(update={"bytes": len(content), "objects": [key]})
+    files.create_input_file(harness.settings, record, max_files=10, max_bytes=1 << 30)
+    status, batch = harness.call("POST", "/v1/batches", {"input_file_id": record.id, "endpoint": "/v1/chat/completions",
+                                                         "completion_window": "24h"})
+    assert status == 200, batch
+    return batch
+
+
+def run_jobs(harness, recorder: Recorder) -> None:
+    """Each message of the batch jobs queue through the jobs function, as its event source mapping."""
+    sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, AttributeNames=["All"]).get("Messages"):
+        record = sqs_record(messages[0], arn)
+        answer = recorder.job_handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, 900))
+        assert not failed_message_ids(answer, [record["messageId"]]), answer
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
+
+
 class WorkerDied(BaseException):
     """The Lambda running a request is killed mid-run: nothing cleans up."""
 
@@ -223,6 +254,14 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     recorder.schedules["sweep_handler"]({}, context)
     monkeypatch.setattr(upstream, "call", real_call)
     assert harness.run_to_final(lost["id"])["status"] == "completed"
+
+    # Batches from an input file: one checked and run (a body big enough for S3 among its lines),
+    # one whose bad lines fail it.
+    good = create_from_file(harness, [*requests("f"), sample_request("f-big-body", big_body)])
+    bad = create_from_file(harness, [sample_request("x-0", model="no-such-model")])
+    run_jobs(harness, recorder)
+    assert harness.run_to_final(good["id"], timeout=90)["status"] == "completed"
+    assert harness.batch(bad["id"])["status"] == "failed"
 
     # A retry reads its parent's requests (the big body from S3) and stores them as a new batch.
     status, child = harness.call("POST", f"/v1/batches/{first['id']}/retry", {"statuses": ["completed"]})

@@ -38,6 +38,9 @@ PACKAGE = REPO / "layers" / "batch_core" / "freeinference_batch"
 UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("StatusEventsFunction", "sqs:SendMessage", "StatusEventsDeadLetterQueue"):
         "the stream mapping's OnFailure destination, which Lambda writes with the function's role (no code of ours)",
+    ("BatchJobsFunction", "sqs:SendMessage", "BatchJobsQueue"):
+        "a job's next step (batches/jobs.py run_step): `validate` is always done in one step; a job of many steps "
+        "(the output files') sends it",
 }
 
 

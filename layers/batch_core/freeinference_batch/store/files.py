@@ -323,10 +323,3 @@ def delete_batch_file(settings: Settings, record: FileRecord, now: float) -> Non
     aws.dynamodb().update_item(TableName=settings.batch_table_name, Key=file_key(record.id),
                                UpdateExpression="SET deleted_at = :now",
                                ExpressionAttributeValues=values(now=int(now)))
-
-
-def delete_batch_files(settings: Settings, batch_id: str) -> None:
-    """Delete a batch's output and error file items (the batch's purge deletes their objects)."""
-    for kind in ("output", "error"):
-        aws.dynamodb().delete_item(TableName=settings.batch_table_name,
-                                   Key=file_key(batch_file_id(batch_id, kind)))
