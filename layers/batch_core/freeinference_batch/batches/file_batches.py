@@ -17,8 +17,9 @@ Resumable and idempotent: every item step 2 writes is the same whichever run wri
 file does not change), lanes are written only where none is (a late second run cannot reset a
 chain that already moved), and only the run whose `checked` write lands starts the chains. A
 run that dies starts again from the beginning; a run that finds the batch checked, failed,
-cancelled, expired or deleted does nothing. Measured (bench/file_batch_create.py): 50,000 lines
-and 200 MB checked and stored well inside one invocation of 900 s.
+cancelled, expired or deleted does nothing. Measured (bench/file_batch_create.py, moto): 50,000
+lines and 200 MB checked and stored in 15 s with ~70 MB of working memory; on AWS the chunk writes
+(one partition key, ~1,000 WCU/s) bound it near 2 minutes for incompressible text, inside 840 s.
 """
 
 from __future__ import annotations
