@@ -68,7 +68,8 @@ def main() -> None:
     with mock_aws():
         aws.reset_clients()
         template = load_template(REPO / "template.yaml")
-        resources = TemplateResources(template, {n: boto3.client(n) for n in ("dynamodb", "sqs", "s3", "secretsmanager")})
+        clients = {name: boto3.client(name) for name in ("dynamodb", "sqs", "s3", "secretsmanager")}
+        resources = TemplateResources(template, clients)
         resources.create_all()
         env, _ = template_environment(template, resources)
         os.environ.update(env)

@@ -5,6 +5,7 @@ that keep an unchecked batch from completing, and end it cancelled or expired.""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from freeinference_batch import accounts
@@ -85,7 +86,7 @@ def test_a_body_of_neither_form_names_both_fields(harness):
 def test_an_unknown_foreign_deleted_or_output_file_is_refused_at_once(harness):
     foreign = input_file(harness, _good_lines(), account="acct-2")
     deleted = input_file(harness, _good_lines())
-    assert files.delete_input_file(harness.settings, deleted)
+    assert files.delete_input_file(harness.settings, deleted, time.time())
     output = files.register_batch_file(harness.settings, "acct-1", "batch_" + "0" * 32, "output", "k", 1, 0, 10**10)
     for file_id in ("file-00000000000000000000000000000000", foreign.id, deleted.id, output.id, "nonsense"):
         status, body = create_from(harness, file_id)
@@ -235,7 +236,7 @@ def test_a_check_that_dies_midway_runs_again_and_stores_it_whole(harness, monkey
 def test_an_input_file_deleted_before_its_check_fails_the_batch(harness):
     record = input_file(harness, _good_lines())
     _, batch = create_from(harness, record.id)
-    files.delete_input_file(harness.settings, record)
+    files.delete_input_file(harness.settings, record, time.time())
     run_jobs(harness)
     failed = harness.batch(batch["id"])
     assert failed["status"] == "failed" and failed["errors"]["data"][0]["code"] == "file_not_found"
