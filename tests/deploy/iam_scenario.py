@@ -10,7 +10,6 @@ import base64
 import json
 import random
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ import boto3
 import pytest
 from freeinference_batch import accounts
 from freeinference_batch.core import aws
-from freeinference_batch.store import files, objects
 from freeinference_batch.worker import upstream
 from freeinference_batch_local.cloudformation.template import load_template
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext
@@ -160,19 +158,31 @@ def _in_flight(harness, recorder: Recorder) -> int:
     return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
-def create_from_file(harness, lines: list[dict]) -> dict:
-    """A batch created from an input file holding `lines`, the file written as the Files API
-    writes one (its object, then its item through store/files.py), outside any function."""
-    now = time.time()
-    record = files.FileRecord(id=files.new_file_id(now), account_id="acct-1", purpose="batch", filename="in.jsonl",
-                              bytes=0, created_at=int(now), expires_at=int(now) + 86400, status="processed",
-                              objects=[])
+def create_from_file(harness, lines: list[dict], *, upload: bool = False) -> dict:
+    """A batch created from an input file holding `lines`, the file sent through the Files API
+    (`files.create`), or with `upload` through the Uploads API in two parts (never downloaded, so
+    its content stays the parts' objects, which the check reads)."""
     content = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-    key = files.input_object_key(record.id)
-    objects.put(harness.settings.payload_bucket_name, key, content)
-    record = record.model_copy(update={"bytes": len(content), "objects": [key]})
-    files.create_input_file(harness.settings, record, max_files=10, max_bytes=1 << 30)
-    status, batch = harness.call("POST", "/v1/batches", {"input_file_id": record.id, "endpoint": "/v1/chat/completions",
+    multipart = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+    if upload:
+        status, made = harness.call("POST", "/v1/uploads", {"filename": "in.jsonl", "purpose": "batch",
+                                                            "bytes": len(content), "mime_type": "application/jsonl"})
+        assert status == 200, made
+        half = len(content) // 2
+        ids = []
+        for part in (content[:half], content[half:]):
+            status, added = harness.call("POST", f"/v1/uploads/{made['id']}/parts", raw=_form("data", part),
+                                         headers=multipart)
+            assert status == 200, added
+            ids.append(added["id"])
+        status, done = harness.call("POST", f"/v1/uploads/{made['id']}/complete", {"part_ids": ids})
+        assert status == 200, done
+        file_id = done["file"]["id"]
+    else:
+        status, made = harness.call("POST", "/v1/files", raw=_form("file", content, purpose="batch"), headers=multipart)
+        assert status == 200, made
+        file_id = made["id"]
+    status, batch = harness.call("POST", "/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
                                                          "completion_window": "24h"})
     assert status == 200, batch
     return batch
@@ -191,6 +201,48 @@ def run_jobs(harness, recorder: Recorder) -> None:
 
 class WorkerDied(BaseException):
     """The Lambda running a request is killed mid-run: nothing cleans up."""
+
+
+BOUNDARY = "scenario-boundary"
+
+
+def _form(name: str, data: bytes, **fields: str) -> bytes:
+    out = b"".join(f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+                   for k, v in fields.items())
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"; filename="in.jsonl"\r\n\r\n'
+    return out + head.encode() + data + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def manage_files(harness) -> None:
+    """Every file and upload route once, an upload of two parts joined by its download; an input
+    file and a pending upload left for the purge to expire."""
+    multipart = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+    def call(method: str, path: str, body: Any = None, raw: bytes | None = None) -> dict:
+        status, answer = harness.call(method, path, body, raw=raw, headers=multipart if raw else None)
+        assert status in (200, 307), (path, answer)
+        return answer
+
+    made = call("POST", "/v1/files", raw=_form("file", b'{"a":1}\n', purpose="batch"))
+    kept = call("POST", "/v1/files", raw=_form("file", b'{"b":2}\n', purpose="batch"))
+    call("GET", "/v1/files?limit=5")
+    call("GET", f"/v1/files/{made['id']}")
+    call("GET", f"/v1/files/{made['id']}/content")
+    call("DELETE", f"/v1/files/{made['id']}")
+    parts = [random.Random(n).randbytes(3 * 1024 * 1024) for n in range(2)]
+    upload = call("POST", "/v1/uploads", {"filename": "big.jsonl", "purpose": "batch", "bytes": 6 * 1024 * 1024,
+                                          "mime_type": "application/jsonl"})
+    ids = [call("POST", f"/v1/uploads/{upload['id']}/parts", raw=_form("data", part))["id"] for part in parts]
+    done = call("POST", f"/v1/uploads/{upload['id']}/complete", {"part_ids": ids})
+    call("GET", f"/v1/files/{done['file']['id']}/content")
+    cancelled = call("POST", "/v1/uploads", {"filename": "c", "purpose": "batch", "bytes": 10,
+                                             "mime_type": "application/jsonl"})
+    call("POST", f"/v1/uploads/{cancelled['id']}/parts", raw=_form("data", b"0123"))
+    call("POST", f"/v1/uploads/{cancelled['id']}/cancel")
+    pending = call("POST", "/v1/uploads", {"filename": "p", "purpose": "batch", "bytes": 10,
+                                           "mime_type": "application/jsonl"})
+    call("POST", f"/v1/uploads/{pending['id']}/parts", raw=_form("data", b"0123"))
+    assert kept["id"]
 
 
 def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
@@ -213,6 +265,7 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     accounts.set_account(harness.settings, "acct-1", concurrency=2)
     receiver = Receiver()
     live, _ = manage_webhook_endpoints(harness, receiver)
+    manage_files(harness)
     # A body too big for an item, whatever the compression (random text).
     big_body = base64.b64encode(random.Random(7).randbytes(450_000)).decode()
 
@@ -257,7 +310,7 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
 
     # Batches from an input file: one checked and run (a body big enough for S3 among its lines),
     # one whose bad lines fail it.
-    good = create_from_file(harness, [*requests("f"), sample_request("f-big-body", big_body)])
+    good = create_from_file(harness, [*requests("f"), sample_request("f-big-body", big_body)], upload=True)
     bad = create_from_file(harness, [sample_request("x-0", model="no-such-model")])
     run_jobs(harness, recorder)
     assert harness.run_to_final(good["id"], timeout=90)["status"] == "completed"

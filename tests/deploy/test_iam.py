@@ -41,6 +41,12 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("BatchJobsFunction", "sqs:SendMessage", "BatchJobsQueue"):
         "a job's next step (batches/jobs.py run_step): `validate` is always done in one step; a job of many steps "
         "(the output files') sends it",
+    # A download's presigned GET (files.content) is authorized as its signer's s3:GetObject; the
+    # API reads no whole input file or batch output file itself.
+    ("ApiFunction", "s3:GetObject", "PayloadBucket/files/*"):
+        "files/operations.content_url: the SDK's GET of a joined or files.create input file",
+    ("ApiFunction", "s3:GetObject", "PayloadBucket/batch_*/files/*"):
+        "files/operations.content_url: the SDK's GET of a batch's output or error file",
 }
 
 
