@@ -29,7 +29,8 @@ class HarnessSession:
                 headers: dict | None = None, **_: Any) -> requests.Response:
         path = urlsplit(url).path + (f"?{urlencode(params)}" if params else "")
         self.paths.append(f"{method} {path}")
-        status, body = self.harness.call(method, path, raw=data or b"", headers={k.lower(): v for k, v in (headers or {}).items()}, key=False)
+        lowered = {name.lower(): value for name, value in (headers or {}).items()}
+        status, body = self.harness.call(method, path, raw=data or b"", headers=lowered, key=False)
         return response(status, body)
 
 

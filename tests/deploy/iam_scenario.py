@@ -18,6 +18,7 @@ import boto3
 import pytest
 from freeinference_batch import accounts
 from freeinference_batch.core import aws
+from freeinference_batch.ops import schedules
 from freeinference_batch.worker import upstream
 from freeinference_batch_local.cloudformation.template import load_template
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext
@@ -315,6 +316,15 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     run_jobs(harness, recorder)
     assert harness.run_to_final(good["id"], timeout=90)["status"] == "completed"
     assert harness.batch(bad["id"])["status"] == "failed"
+    # A check whose job was lost: the sweep sends it again once it has gone quiet.
+    quiet = create_from_file(harness, [sample_request("z-0")])
+    sqs, jobs_url = aws.sqs(), harness.settings.batch_jobs_queue_url
+    for message in sqs.receive_message(QueueUrl=jobs_url, MaxNumberOfMessages=10)["Messages"]:
+        sqs.delete_message(QueueUrl=jobs_url, ReceiptHandle=message["ReceiptHandle"])
+    harness.advance_clock(schedules.CHECK_QUIET_SECONDS + 1)
+    assert recorder.schedules["sweep_handler"]({}, context)["checks_resent"] == 1
+    run_jobs(harness, recorder)
+    assert harness.run_to_final(quiet["id"])["status"] == "completed"
 
     # A retry reads its parent's requests (the big body from S3) and stores them as a new batch.
     status, child = harness.call("POST", f"/v1/batches/{first['id']}/retry", {"statuses": ["completed"]})

@@ -273,3 +273,16 @@ def test_a_retry_of_a_file_batch_is_a_file_batch(harness):
     assert status == 200, child
     assert child["input_file_id"] == record.id and child["request_counts"]["total"] == 2
     assert harness.run_to_final(child["id"])["status"] == "completed"
+
+
+def test_a_check_whose_job_was_lost_is_sent_again_by_the_sweep_once_per_quiet_period(harness):
+    from freeinference_batch.ops import schedules
+
+    _, batch = create_from(harness, input_file(harness, _good_lines()).id)
+    assert len(job_messages(harness)) == 1  # taken and never answered: lost
+    assert run_schedule("sweep")["checks_resent"] == 0  # not quiet yet
+    harness.advance_clock(schedules.CHECK_QUIET_SECONDS + 1)
+    assert run_schedule("sweep")["checks_resent"] == 1
+    assert run_schedule("sweep")["checks_resent"] == 0  # once per quiet period
+    assert [json.loads(m["Body"])["batch_id"] for m in job_messages(harness)] == [batch["id"]]
+    assert harness.batch(batch["id"])["status"] == "validating"

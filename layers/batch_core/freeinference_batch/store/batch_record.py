@@ -61,6 +61,8 @@ class BatchRecord(BaseModel):
     # one write that stores its requests (`batch_status.checked`) or fails it (`finish` with
     # errors). While set, `total` is 0 and it has no requests: nothing may complete it.
     unchecked: bool = False
+    # When the sweep last sent an unchecked batch's `validate` job again (its first was create's).
+    check_sent_at: int | None = None
     # Why its file failed the checks (OpenAI's `{"object": "list", "data": [...]}`), set with failed.
     errors: dict[str, Any] | None = None
     # Set when the owner lost the right to run it: no request starts, and the batch fails once

@@ -5,6 +5,7 @@
 |---|---|---|
 | `create` | (none) -> `validating` | create (`batches/operations.py`), with the account's unfinished count |
 | `checked` | `validating` (unchecked) -> `validating`, requests stored | a file's check (`file_batches.py`) |
+| `check_resent` | unchanged, `check_sent_at` set | the sweep, a file's check gone quiet |
 | `start` | `validating` / `in_progress` -> `in_progress`, no `waiting` | a chain's first claim (`runs.start_chain`) |
 | `wait` | unchanged, `waiting` set | a chain parks, none of the batch running (`worker/waiting.py`) |
 | `mark_failing` | unchanged, `failing` set | the owner lost the right to run it (`lifecycle.fail_batch`) |
@@ -93,6 +94,19 @@ def checked(settings: Settings, batch_id: str, *, total: int, chunk_starts: list
         "#status = :validating AND attribute_exists(unchecked) AND attribute_not_exists(failing)",
         names={"#status": "status", "#total": "total"}, total=total, chunk_starts=chunk_starts,
         lane_widths=lane_widths, id_base=id_base, validating=BatchStatus.VALIDATING,
+    ))
+
+
+def check_resent(settings: Settings, meta: BatchRecord, now: float) -> bool:
+    """An unchecked file batch's `validate` job sent again (`check_sent_at` now): only while it is
+    still validating and unchecked, and its `check_sent_at` is as read, so of two sweeps one
+    sends it. True if this call wrote it."""
+    condition = "#status = :validating AND attribute_exists(unchecked) AND "
+    condition += ("check_sent_at = :sent" if meta.check_sent_at is not None else "attribute_not_exists(check_sent_at)")
+    named: dict[str, Any] = {"sent": meta.check_sent_at} if meta.check_sent_at is not None else {}
+    return apply_update(update_element(
+        settings.batch_table_name, meta_key(meta.id), "SET check_sent_at = :now", condition,
+        names={"#status": "status"}, now=int(now), validating=BatchStatus.VALIDATING, **named,
     ))
 
 
