@@ -27,6 +27,7 @@ reads the environment only through `settings.py`).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -76,6 +77,10 @@ API_KEY_ENV = "FREEINFERENCE_API_KEY"
 BASE_URL_ENV = "FREEINFERENCE_BASE_URL"
 # Create bodies larger than this are gzipped.
 GZIP_THRESHOLD_BYTES = 1024 * 1024
+# files.create takes up to 4 MiB (API Gateway hands Lambda the multipart body base64-encoded in its
+# 6 MB event); a bigger input file goes through an upload in parts of this size.
+FILE_CREATE_MAX_BYTES = 4 * 1024 * 1024
+UPLOAD_PART_BYTES = 4 * 1024 * 1024
 # The webhook event types the service sends: one per final status.
 WEBHOOK_EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -240,6 +245,41 @@ class BatchClient:
             headers["Content-Encoding"] = "gzip"
         # Safe to retry: the key makes the server answer the batch an earlier attempt stored.
         return Batch.model_validate(self._request("POST", "/batches", data=body, headers=headers, idempotent=True))
+
+    def upload_file(self, content: bytes, filename: str = "batch_input.jsonl") -> str:
+        """An OpenAI batch input file uploaded with purpose `batch`: one `POST /files` up to
+        FILE_CREATE_MAX_BYTES, else an upload (`/uploads`) in parts of UPLOAD_PART_BYTES, its
+        md5 checked by the server. Answers the file's id."""
+        if len(content) <= FILE_CREATE_MAX_BYTES:
+            body, content_type = _multipart("file", filename, content, purpose="batch")
+            answer = self._request("POST", "/files", data=body, headers={"Content-Type": content_type},
+                                   idempotent=False)
+            return str(answer["id"])
+        json_type = {"Content-Type": "application/json"}
+        upload = self._request("POST", "/uploads", data=encode_json({
+            "filename": filename, "purpose": "batch", "bytes": len(content), "mime_type": "application/jsonl"}),
+            headers=json_type, idempotent=False)
+        part_ids = []
+        for start in range(0, len(content), UPLOAD_PART_BYTES):
+            body, content_type = _multipart("data", filename, content[start:start + UPLOAD_PART_BYTES])
+            part = self._request("POST", f"/uploads/{_segment(upload['id'])}/parts", data=body,
+                                 headers={"Content-Type": content_type}, idempotent=False)
+            part_ids.append(part["id"])
+        done = self._request("POST", f"/uploads/{_segment(upload['id'])}/complete",
+                             data=encode_json({"part_ids": part_ids, "md5": hashlib.md5(content).hexdigest()}),
+                             headers=json_type, idempotent=False)
+        return str(done["file"]["id"])
+
+    def create_from_file(self, input_file_id: str, metadata: Mapping[str, str] | None = None, *,
+                         idempotency_key: str | None = None) -> Batch:
+        """POST /batches in OpenAI's form: a batch of the lines of an uploaded input file. It
+        answers `validating` with no requests counted; the server checks the lines, then starts it
+        or fails it with `errors` naming the bad lines."""
+        body = {"input_file_id": input_file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                **({"metadata": dict(metadata)} if metadata else {})}
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        return Batch.model_validate(self._request("POST", "/batches", data=encode_json(body), headers=headers,
+                                                  idempotent=True))
 
     def retry(self, batch_id: str, statuses: Sequence[str] | None = None, metadata: Mapping[str, str] | None = None,
               *, idempotency_key: str | None = None) -> Batch:
@@ -433,3 +473,14 @@ def _segment(batch_id: str) -> str:
     if not batch_id:
         raise ValueError("batch_id must be a non-empty string")
     return requests.utils.quote(batch_id, safe="")
+
+
+def _multipart(name: str, filename: str, content: bytes, **fields: str) -> tuple[bytes, str]:
+    """A multipart/form-data body of `fields` and one file part; answers it and its content type."""
+    boundary = f"freeinference-{uuid.uuid4().hex}"
+    head = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode()
+                    for key, value in fields.items())
+    quoted = filename.replace('"', "_").replace("\r", "_").replace("\n", "_")
+    part = (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{quoted}"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n").encode()
+    return head + part + content + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"

@@ -18,6 +18,7 @@ import boto3
 import pytest
 from freeinference_batch import accounts
 from freeinference_batch.core import aws
+from freeinference_batch.ops import schedules
 from freeinference_batch.worker import upstream
 from freeinference_batch_local.cloudformation.template import load_template
 from freeinference_batch_local.handlers import LOCAL_STACK_NAME, LambdaContext
@@ -158,6 +159,47 @@ def _in_flight(harness, recorder: Recorder) -> int:
     return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
+def create_from_file(harness, lines: list[dict], *, upload: bool = False) -> dict:
+    """A batch created from an input file holding `lines`, the file sent through the Files API
+    (`files.create`), or with `upload` through the Uploads API in two parts (never downloaded, so
+    its content stays the parts' objects, which the check reads)."""
+    content = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    multipart = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+    if upload:
+        status, made = harness.call("POST", "/v1/uploads", {"filename": "in.jsonl", "purpose": "batch",
+                                                            "bytes": len(content), "mime_type": "application/jsonl"})
+        assert status == 200, made
+        half = len(content) // 2
+        ids = []
+        for part in (content[:half], content[half:]):
+            status, added = harness.call("POST", f"/v1/uploads/{made['id']}/parts", raw=_form("data", part),
+                                         headers=multipart)
+            assert status == 200, added
+            ids.append(added["id"])
+        status, done = harness.call("POST", f"/v1/uploads/{made['id']}/complete", {"part_ids": ids})
+        assert status == 200, done
+        file_id = done["file"]["id"]
+    else:
+        status, made = harness.call("POST", "/v1/files", raw=_form("file", content, purpose="batch"), headers=multipart)
+        assert status == 200, made
+        file_id = made["id"]
+    status, batch = harness.call("POST", "/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                                                         "completion_window": "24h"})
+    assert status == 200, batch
+    return batch
+
+
+def run_jobs(harness, recorder: Recorder) -> None:
+    """Each message of the batch jobs queue through the jobs function, as its event source mapping."""
+    sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, AttributeNames=["All"]).get("Messages"):
+        record = sqs_record(messages[0], arn)
+        answer = recorder.job_handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, 900))
+        assert not failed_message_ids(answer, [record["messageId"]]), answer
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
+
+
 class WorkerDied(BaseException):
     """The Lambda running a request is killed mid-run: nothing cleans up."""
 
@@ -266,6 +308,23 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     recorder.schedules["sweep_handler"]({}, context)
     monkeypatch.setattr(upstream, "call", real_call)
     assert harness.run_to_final(lost["id"])["status"] == "completed"
+
+    # Batches from an input file: one checked and run (a body big enough for S3 among its lines),
+    # one whose bad lines fail it.
+    good = create_from_file(harness, [*requests("f"), sample_request("f-big-body", big_body)], upload=True)
+    bad = create_from_file(harness, [sample_request("x-0", model="no-such-model")])
+    run_jobs(harness, recorder)
+    assert harness.run_to_final(good["id"], timeout=90)["status"] == "completed"
+    assert harness.batch(bad["id"])["status"] == "failed"
+    # A check whose job was lost: the sweep sends it again once it has gone quiet.
+    quiet = create_from_file(harness, [sample_request("z-0")])
+    sqs, jobs_url = aws.sqs(), harness.settings.batch_jobs_queue_url
+    for message in sqs.receive_message(QueueUrl=jobs_url, MaxNumberOfMessages=10)["Messages"]:
+        sqs.delete_message(QueueUrl=jobs_url, ReceiptHandle=message["ReceiptHandle"])
+    harness.advance_clock(schedules.CHECK_QUIET_SECONDS + 1)
+    assert recorder.schedules["sweep_handler"]({}, context)["checks_resent"] == 1
+    run_jobs(harness, recorder)
+    assert harness.run_to_final(quiet["id"])["status"] == "completed"
 
     # A retry reads its parent's requests (the big body from S3) and stores them as a new batch.
     status, child = harness.call("POST", f"/v1/batches/{first['id']}/retry", {"statuses": ["completed"]})

@@ -38,6 +38,9 @@ PACKAGE = REPO / "layers" / "batch_core" / "freeinference_batch"
 UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("StatusEventsFunction", "sqs:SendMessage", "StatusEventsDeadLetterQueue"):
         "the stream mapping's OnFailure destination, which Lambda writes with the function's role (no code of ours)",
+    ("BatchJobsFunction", "sqs:SendMessage", "BatchJobsQueue"):
+        "a job's next step (batches/jobs.py run_step): `validate` is always done in one step; a job of many steps "
+        "(the output files') sends it",
     # A download's presigned GET (files.content) is authorized as its signer's s3:GetObject; the
     # API reads no whole input file or batch output file itself.
     ("ApiFunction", "s3:GetObject", "PayloadBucket/files/*"):
@@ -94,13 +97,15 @@ def recorder(harness, monkeypatch) -> Recorder:
         for i, p in functions.items()
         if any(e["Type"] == "DynamoDB" for e in p.get("Events", {}).values())
     }
-    rec.delivery_handlers = {  # type: ignore[attr-defined]  # SQS-triggered functions that are not workers
+    queue_handlers = {  # SQS-triggered functions that are not workers, by their queue
         event["Properties"]["Queue"]["Fn::GetAtt"][0]: as_function(
             load_handler(Path(p["CodeUri"]).name, p["Handler"].partition(".")[2]), lambda i=i: i)
         for i, p in functions.items()
         if "WORKER_MODEL" not in p["Environment"]["Variables"]
         for event in p.get("Events", {}).values() if event["Type"] == "SQS"
     }
+    rec.job_handler = queue_handlers.pop("BatchJobsQueue")  # type: ignore[attr-defined]
+    rec.delivery_handlers = queue_handlers  # type: ignore[attr-defined]
     rec.schedules = {  # type: ignore[attr-defined]
         p["Handler"].partition(".")[2]: as_function(load_handler("schedules", p["Handler"].partition(".")[2]),
                                                     lambda i=i: i)

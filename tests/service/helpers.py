@@ -105,7 +105,7 @@ SPEC_BATCH_FIELDS = [
 # `waiting`), documented as additions to it.
 BATCH_FIELDS = [*SPEC_BATCH_FIELDS, "retry_of", "waiting"]
 WAITING_REASONS = {"batch_access", "concurrency", "model_busy", "daily_quota"}
-ALWAYS_NULL = ("errors", "input_file_id", "output_file_id", "error_file_id", "finalizing_at")
+ALWAYS_NULL = ("output_file_id", "error_file_id", "finalizing_at")
 TIMESTAMPS = ("in_progress_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 ERROR_FIELDS = {"message", "type", "code", "param"}
 DROP = object()  # `req(field=DROP)`, `body_with(field=DROP)`: the field left out
@@ -200,6 +200,15 @@ def assert_batch_object(batch: dict) -> None:
     assert batch["endpoint"] == "/v1/chat/completions"
     for name in ALWAYS_NULL:
         assert batch[name] is None, name
+    # An inline batch's file fields are null (the spec); a file batch names its file, and its
+    # errors are OpenAI's list or null.
+    if batch["input_file_id"] is None:
+        assert batch["errors"] is None
+    else:
+        assert re.fullmatch(r"file-[0-9a-f]{32}", batch["input_file_id"]), batch["input_file_id"]
+        errors = batch["errors"]
+        assert errors is None or (errors["object"] == "list" and all(
+            set(e) == {"code", "message", "param", "line"} for e in errors["data"])), errors
     assert isinstance(batch["created_at"], int) and isinstance(batch["expires_at"], int)
     for name in TIMESTAMPS:
         assert batch[name] is None or isinstance(batch[name], int), (name, batch[name])

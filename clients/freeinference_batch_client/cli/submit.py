@@ -22,7 +22,7 @@ from freeinference_batch_client.cli.common import (
     plural,
 )
 from freeinference_batch_client.cli.results import print_summary, wait_with_progress, write_results
-from freeinference_batch_client.client import BASE_URL_ENV, BatchClient
+from freeinference_batch_client.client import BASE_URL_ENV, BatchClient, encode_json
 from freeinference_batch_client.errors import BatchApiError
 from freeinference_batch_client.openai_files import InputFileError, Manifest
 
@@ -89,7 +89,8 @@ def submit(
     """Submit an OpenAI batch input file (one {custom_id, method, url, body} per line).
 
     The file is checked first with the service's rules; any problem is reported with its line
-    number and nothing is submitted. The job is split into as many batches as the limits require.
+    number and nothing is submitted. The job is split into as many batches as the limits require;
+    each is uploaded as an input file (/v1/files, or /v1/uploads in 4 MiB parts) and created from it.
     """
     if errors_path is not None and output is None:
         raise click.UsageError("--errors needs -o/--output")
@@ -210,14 +211,21 @@ def _create_missing(client: BatchClient, manifest: Manifest, path: Path, items: 
     for part in manifest.parts:
         if part.batch_id:
             continue
-        requests_ = [item.raw for item in items[part.start : part.start + part.count]]
         metadata = openai_files.job_metadata(manifest.metadata, manifest.job_id, part.part, len(manifest.parts))
         # One key per part, kept while waiting for a free slot too: whatever attempt stored the
         # batch, the others answer that batch instead of creating another.
         idempotency_key = str(uuid.uuid4())
+        input_file_id: str | None = None
         while True:
             try:
-                batch = client.create(requests_, metadata=metadata, idempotency_key=idempotency_key)
+                # OpenAI's flow: the part's lines uploaded as an input file (once, kept while
+                # waiting for a slot), then a batch created from it; the server checks its lines
+                # again in the background (already checked here by the same rules).
+                if input_file_id is None:
+                    content = b"".join(encode_json(item.raw) + b"\n"
+                                       for item in items[part.start : part.start + part.count])
+                    input_file_id = client.upload_file(content, f"{Path(manifest.input).stem}-{part.part + 1}.jsonl")
+                batch = client.create_from_file(input_file_id, metadata=metadata, idempotency_key=idempotency_key)
                 break
             except BatchApiError as error:
                 done = len(manifest.batch_ids())

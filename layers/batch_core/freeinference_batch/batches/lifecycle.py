@@ -30,7 +30,9 @@ def decide_final_status(meta: BatchRecord, now: float) -> BatchStatus | None:
     if status == BatchStatus.CANCELLING:
         return BatchStatus.CANCELLED
     if status in RUNNABLE:
-        if meta.completed + meta.failed >= meta.total:
+        # A file batch not yet checked has no requests (total 0) and must not complete with none:
+        # only its check stores them, or fails it; a cancel, failing or its window still end it.
+        if not meta.unchecked and meta.completed + meta.failed >= meta.total:
             return BatchStatus.COMPLETED
         if meta.failing is not None:
             return BatchStatus.FAILED

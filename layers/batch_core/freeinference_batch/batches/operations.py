@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 
 from freeinference_batch import accounts
 from freeinference_batch.accounts import Principal
-from freeinference_batch.batches import dispatch, idempotency, lifecycle, validation, views
+from freeinference_batch.batches import dispatch, idempotency, jobs, lifecycle, validation, views
 from freeinference_batch.core import clock, pages
 from freeinference_batch.core.catalog import Catalog
 from freeinference_batch.core.errors import (
@@ -24,10 +24,18 @@ from freeinference_batch.core.errors import (
     busy,
 )
 from freeinference_batch.core.observability import log_status_change, logger
-from freeinference_batch.core.schemas import BatchStatus, CheckedRequest, DeletedBatch, Page, RequestMessage
+from freeinference_batch.core.schemas import (
+    BatchJob,
+    BatchStatus,
+    CheckedRequest,
+    CreateFileBatchBody,
+    DeletedBatch,
+    Page,
+    RequestMessage,
+)
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.ops import schedules
-from freeinference_batch.store import batch_status, input_chunks
+from freeinference_batch.store import batch_status, files, input_chunks
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
@@ -130,13 +138,57 @@ def create_batch(settings: Settings, principal: Principal, body: bytes, content_
         original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))
         if original is not None:
             return Created(original, replayed=True)
+    file_form = validation.parse_file_form(raw)
+    if file_form is not None:
+        return create_from_file(settings, principal, file_form, key)
     requests, metadata = validation.parse_create_body(raw, catalog, principal.tier, settings.batch_max_requests)
     return store_batch(settings, principal, catalog, requests, metadata, key)
 
 
+def create_from_file(settings: Settings, principal: Principal, body: CreateFileBatchBody,
+                     key: idempotency.IdempotencyKey | None) -> Created:
+    """A batch of the lines of an input file (OpenAI's form): its META alone, `validating` and
+    unchecked, with the account's unfinished count; its `validate` job then checks and stores the
+    lines in the background (batches/file_batches.py), as 200 MB cannot be read in an API call."""
+    record = files.get_file(settings, principal.account_id, body.input_file_id)
+    if record is None:
+        # Unknown, deleted, expired and another account's read the same: an id cannot probe.
+        raise BadRequest(f"No file {validation.quote(body.input_file_id)} found; upload the input with purpose "
+                         "'batch' (POST /v1/files) and name its id", code="file_not_found", param="input_file_id")
+    if record.purpose != "batch":
+        raise BadRequest(f"File {record.id} has purpose {record.purpose!r}; a batch's input file must have "
+                         "purpose 'batch'", param="input_file_id")
+    now = clock.now(settings.clock_offset_file)
+    created_at = int(now)
+    batch_id = new_batch_id(now)
+    window = settings.batch_completion_window_seconds  # from create, as an inline batch's
+    meta = batch_status.new_meta(
+        batch_id, account_id=principal.account_id, key_hash=principal.key_hash, created_at=created_at,
+        window_seconds=window, total=0, metadata=body.metadata, id_base=0, chunk_starts=[], lane_widths={},
+        ttl=created_at + window + settings.batch_retention_seconds + 3 * 86400, input_file_id=record.id,
+        unchecked=True)
+    elements = batch_status.create(settings, meta)
+    answer = views.batch_object(BatchRecord.model_validate(meta))
+    if key is not None:
+        elements.append(idempotency.record_element(settings, key, batch_id, answer, now))
+    try:
+        transact(elements)
+    except TransactionFailed as failure:
+        # META exists: an earlier try of this transaction committed (see store_batch); carry on.
+        if not (failure.failed(0) and BatchTable(settings).get_meta(batch_id) is not None):
+            return _refused(settings, key, failure)
+    try:
+        jobs.send(settings, BatchJob(kind="validate", batch_id=batch_id))
+    except Exception:
+        # The batch is stored: answered 200 all the same (a 5xx would make a client create it
+        # twice). Without its check it stays validating until its window closes (expired).
+        logger.exception("could not queue a file batch's check", extra={"batch_id": batch_id})
+    return Created(answer)
+
+
 def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requests: list[CheckedRequest],
                 metadata: dict[str, str] | None, key: idempotency.IdempotencyKey | None, *,
-                retry_of: str | None = None) -> Created:
+                retry_of: str | None = None, input_file_id: str | None = None) -> Created:
     """Store a new batch of checked requests and start it: the one writer of a batch, for a create
     and for a retry's child alike. Every item but META first, then META with the account's
     unfinished count (and the Idempotency-Key's record) in one transaction: the batch is visible
@@ -179,7 +231,7 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
     meta = batch_status.new_meta(batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
                                  created_at=created_at, window_seconds=window, total=len(requests), metadata=metadata,
                                  id_base=id_base, chunk_starts=chunk_starts, lane_widths=lane_widths, ttl=ttl,
-                                 retry_of=retry_of)
+                                 retry_of=retry_of, input_file_id=input_file_id)
     elements = batch_status.create(settings, meta)
     # The answer from the item as written, read the way every later read reads it.
     answer = views.batch_object(BatchRecord.model_validate(meta))
@@ -193,55 +245,36 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
             # META exists: only this call can have written it (the id is new), so an earlier try
             # of this same transaction committed and its answer was lost (botocore re-sends after
             # a 5xx or a reset connection). The batch is stored: carry on, never purge it.
-            start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
+            dispatch.start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
             return Created(answer)
         # Nothing of it is visible: remove what step 1 stored (its S3 objects by name, so the API
         # needs no right to list the bucket).
         table.purge(batch_id, s3_keys=[item["s3_key"]["S"] for item in items if "s3_key" in item])
-        if key is not None and failure.failed(2):
-            # A concurrent create with this key won: its batch is the answer (or 422).
-            original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))
-            if original is not None:
-                return Created(original, replayed=True)
-        # Only the counter's condition is the limit. Conflicts with other writes (the counter is
-        # shared with every create, cancel and finish of the account) are a reason to retry.
-        if isinstance(failure, TransactionConflict) or not failure.failed(1):
-            raise busy("creating the batch") from None
-        raise TooManyRequests(
-            f"You already have {settings.batch_max_unfinished} unfinished batches, the most allowed; "
-            "wait for one to finish (or cancel one) before creating another",
-            code="too_many_unfinished_batches",
-        ) from None
+        return _refused(settings, key, failure)
 
     # 3. Start the chains. The batch is stored: whatever happens now, the answer is 200 (a 5xx
     #    would make a client retry and create it twice), and the sweep starts what this misses.
-    start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
+    dispatch.start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
     return Created(answer)
 
 
-def start_chains(settings: Settings, table: BatchTable, batch_id: str, messages: list[RequestMessage],
-                 lane_widths: dict[str, int], lanes: dict[str, list[int]]) -> None:
-    """Send a new batch's first messages; if that fails, mark its chains due for the next sweep.
-
-    The sweep re-sends a chain whose dispatch lease has run out; setting the leases to now makes
-    that the next tick instead of BATCH_DISPATCH_LEASE_SECONDS later. Best effort: if this fails
-    too, the leases set at create still run out and recover the batch."""
-    try:
-        dispatch.send(settings, messages)
-        return
-    except Exception:
-        logger.exception("dispatch failed after the batch was stored; its chains are left to the sweep",
-                         extra={"batch_id": batch_id})
-    now = clock.now(settings.clock_offset_file)
-    try:
-        for model, positions in lanes.items():
-            for slot in range(min(lane_widths[model], len(positions))):
-                table.set_lane_lease(batch_id, model, slot, slot, now)  # only if the chain has not moved
-    except Exception:
-        logger.exception("could not mark the chains due; their dispatch leases will recover them",
-                         extra={"batch_id": batch_id})
-
-
+def _refused(settings: Settings, key: idempotency.IdempotencyKey | None, failure: TransactionFailed) -> Created:
+    """A create's transaction refused (META, the unfinished count, the key's record): the
+    concurrent create with this key's answer, else a 503 to retry or the limit's 429."""
+    if key is not None and failure.failed(2):
+        # A concurrent create with this key won: its batch is the answer (or 422).
+        original = idempotency.replay(settings, key, clock.now(settings.clock_offset_file))
+        if original is not None:
+            return Created(original, replayed=True)
+    # Only the counter's condition is the limit. Conflicts with other writes (the counter is
+    # shared with every create, cancel and finish of the account) are a reason to retry.
+    if isinstance(failure, TransactionConflict) or not failure.failed(1):
+        raise busy("creating the batch") from None
+    raise TooManyRequests(
+        f"You already have {settings.batch_max_unfinished} unfinished batches, the most allowed; "
+        "wait for one to finish (or cancel one) before creating another",
+        code="too_many_unfinished_batches",
+    ) from None
 
 
 # ---- read -------------------------------------------------------------------------------

@@ -72,7 +72,10 @@ def retry_batch(settings: Settings, principal: Principal, batch_id: str, body: b
     requests = parent_requests(table, parent, positions, catalog, principal.tier)
     # Without `metadata` the child carries the parent's; an explicit null carries none.
     metadata = asked.metadata if "metadata" in asked.model_fields_set else parent.metadata
-    return operations.store_batch(settings, principal, catalog, requests, metadata, key, retry_of=parent.id)
+    # A file batch's child carries its parent's input file: it is a file batch too (its results
+    # are also written as output and error files), its requests already checked and stored.
+    return operations.store_batch(settings, principal, catalog, requests, metadata, key, retry_of=parent.id,
+                                  input_file_id=parent.input_file_id)
 
 
 def checked_statuses(given: list[str]) -> list[str]:

@@ -16,7 +16,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from freeinference_batch.core.catalog import Catalog, is_auto_model
 from freeinference_batch.core.errors import BadRequest
-from freeinference_batch.core.schemas import BatchRequestLine, CheckedRequest, CreateBatchDict, CreateBatchEnvelope
+from freeinference_batch.core.schemas import (
+    BatchRequestLine,
+    CheckedRequest,
+    CreateBatchDict,
+    CreateBatchEnvelope,
+    CreateFileBatchBody,
+)
 
 _lines = TypeAdapter(list[BatchRequestLine])
 _create_body = TypeAdapter(CreateBatchDict)
@@ -85,9 +91,12 @@ def _describe(error: dict[str, Any]) -> str:
 
 
 def _prefix(label: Label, index: int, raw: Any) -> str:
+    """Where the error is: `requests[1] (custom_id 'q-2')`; a label of "" (a file's line, whose
+    number its error carries apart) names the request by its custom_id alone."""
     custom_id = raw.get("custom_id") if isinstance(raw, dict) else None
     if isinstance(custom_id, str):
-        return f"{label(index)} (custom_id {quote(custom_id)})"
+        name = label(index)
+        return f"{name} (custom_id {quote(custom_id)})" if name else f"custom_id {quote(custom_id)}"
     return label(index)
 
 
@@ -110,7 +119,8 @@ def validate_metadata(metadata: dict[str, str] | None) -> None:
 
 def parse_envelope(document: Any) -> CreateBatchEnvelope:
     if not isinstance(document, dict):
-        raise BadRequest("The body must be a JSON object with a 'requests' array")
+        raise BadRequest("The body must be a JSON object with a 'requests' array or an 'input_file_id'")
+    both_forms(document)
     try:
         return CreateBatchEnvelope.model_validate(document)
     except ValidationError as error:
@@ -118,7 +128,8 @@ def parse_envelope(document: Any) -> CreateBatchEnvelope:
         where = first["loc"][0] if first["loc"] else ""
         if where == "requests":
             if first["type"] == "missing":
-                raise BadRequest("The body must have a 'requests' array", param="requests") from None
+                raise BadRequest("The body must have a 'requests' array (the requests inline) or an "
+                                 "'input_file_id' (a file of them, OpenAI's form)", param="requests") from None
             raise BadRequest("'requests' must be an array of requests", param="requests") from None
         if where == "metadata":
             raise BadRequest("metadata must be an object of string keys and string values",
@@ -182,6 +193,51 @@ def check_requests(lines: list[dict], raw_requests: list[Any], catalog: Catalog,
     return packed
 
 
+def both_forms(document: dict) -> None:
+    """A create body holds its requests inline or names a file of them, never both."""
+    if "requests" in document and "input_file_id" in document:
+        raise BadRequest("The body has both 'requests' and 'input_file_id'; send the requests inline or name "
+                         "a file of them, not both", param="input_file_id")
+
+
+# A body of the file form is a few fields: one larger than this is the inline form (or neither).
+FILE_FORM_MAX_BYTES = 64 * 1024
+ENDPOINT = "/v1/chat/completions"
+COMPLETION_WINDOW = "24h"
+
+
+def parse_file_form(raw: bytes) -> CreateFileBatchBody | None:
+    """The create body in OpenAI's form (`input_file_id`, `endpoint`, `completion_window`,
+    `metadata`), checked; None when it is not that form (the inline parse then explains what it is)."""
+    if len(raw) > FILE_FORM_MAX_BYTES or b"input_file_id" not in raw:
+        return None
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict) or "input_file_id" not in document:
+        return None
+    both_forms(document)
+    try:
+        body = CreateFileBatchBody.model_validate(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "input_file_id"
+        if field == "metadata":
+            raise BadRequest("metadata must be an object of string keys and string values", param="metadata") from None
+        if first["type"] == "missing":
+            raise BadRequest(f"{field} is required with input_file_id", param=field) from None
+        raise BadRequest(f"{field} must be a string", param=field) from None
+    if body.endpoint != ENDPOINT:
+        raise BadRequest(f"endpoint must be {ENDPOINT!r}, the only endpoint a batch can call "
+                         f"(got {quote(body.endpoint)})", param="endpoint")
+    if body.completion_window != COMPLETION_WINDOW:
+        raise BadRequest(f"completion_window must be {COMPLETION_WINDOW!r} (got {quote(body.completion_window)})",
+                         param="completion_window")
+    validate_metadata(body.metadata)
+    return body
+
+
 def check_fragmentation(raw: bytes) -> None:
     """Refuse a body whose parse would take far more memory than its size (see MAX_JSON_VALUES).
 
@@ -211,6 +267,7 @@ def parse_create_body(raw: bytes, catalog: Catalog, tier: str,
     except ValidationError as error:
         _explain_refusal(raw, error, catalog, tier, max_requests)
         raise AssertionError("unreachable") from None
+    both_forms(document)
     metadata = document.get("metadata")
     validate_metadata(metadata)
     requests = document["requests"]

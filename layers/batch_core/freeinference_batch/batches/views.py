@@ -58,6 +58,8 @@ def waiting(meta: BatchRecord) -> Waiting | None:
 def batch_object(meta: BatchRecord) -> dict[str, Any]:
     obj = BatchObject(
         id=meta.id,
+        errors=meta.errors,
+        input_file_id=meta.input_file_id,
         completion_window=window_label(meta.window_seconds),
         status=meta.status,
         created_at=meta.created_at,

@@ -137,6 +137,21 @@ class CreateBatchDict(TypedDict):
     __pydantic_config__ = ConfigDict(extra="ignore")  # type: ignore[misc]
     requests: list[BatchRequestDict]
     metadata: NotRequired[dict[StrictStr, StrictStr] | None]
+    # Only read to refuse a body of both forms (a large one never reaches the file form's parse).
+    input_file_id: NotRequired[Any]
+
+
+class CreateFileBatchBody(BaseModel):
+    """The create body's second form, OpenAI's: the requests are the lines of an uploaded file
+    (batches/file_batches.py checks them in the background). OpenAI's other fields are ignored,
+    as the inline form ignores them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_file_id: StrictStr
+    endpoint: StrictStr
+    completion_window: StrictStr
+    metadata: dict[StrictStr, StrictStr] | None = None
 
 
 # The result statuses a retry may take again: the final ones (a final batch has no other).
@@ -186,6 +201,30 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
 # ---- answers ------------------------------------------------------------------------------
 
 
+class BatchJob(BaseModel):
+    """A message of the batch jobs queue: one step of a batch's background work (batches/jobs.py)."""
+
+    kind: Literal["validate", "write_files"]
+    batch_id: str
+
+
+class LineError(BaseModel):
+    """One bad line of a file batch's input, OpenAI's `errors.data[]` entry (`line` 1-based; null
+    when the error is the file's as a whole)."""
+
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(BaseModel):
+    """A file batch's `errors`: why its input failed the checks, OpenAI's shape."""
+
+    object: Literal["list"] = "list"
+    data: list[LineError]
+
+
 class RequestCounts(BaseModel):
     total: int
     completed: int
@@ -196,8 +235,10 @@ class BatchObject(BaseModel):
     id: str
     object: Literal["batch"] = "batch"
     endpoint: Literal["/v1/chat/completions"] = "/v1/chat/completions"
-    errors: None = None
-    input_file_id: None = None
+    # A batch created from a file (OpenAI's form): its file, and the bad lines that failed it
+    # (status failed, nothing of it run). Null on an inline batch, as the spec has them.
+    errors: BatchErrors | None = None
+    input_file_id: str | None = None
     completion_window: str
     status: VisibleBatchStatus
     output_file_id: None = None

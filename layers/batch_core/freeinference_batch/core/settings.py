@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     webhook_signing_key_secret: str = Field("", alias="WEBHOOK_SIGNING_KEY_SECRET")
     webhook_signing_key: str = Field("", alias="WEBHOOK_SIGNING_KEY")
     webhook_signing_key_max_age_seconds: int = Field(300, alias="WEBHOOK_SIGNING_KEY_MAX_AGE_SECONDS", ge=0)
+    # A batch's background jobs (batches/jobs.py): checking a file batch's input, writing its
+    # output and error files.
+    batch_jobs_queue_url: str = Field("", alias="BATCH_JOBS_QUEUE_URL")
     webhook_delivery_queue_url: str = Field("", alias="WEBHOOK_DELIVERY_QUEUE_URL")
     webhook_dead_letter_queue_url: str = Field("", alias="WEBHOOK_DEAD_LETTER_QUEUE_URL")
     # The local stack only: http:// and https:// to the literal hosts 127.0.0.1, ::1 and localhost

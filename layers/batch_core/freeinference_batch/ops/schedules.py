@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from freeinference_batch.batches import dispatch, lifecycle
+from freeinference_batch.batches import dispatch, jobs, lifecycle
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import load_catalog
 from freeinference_batch.core.observability import logger
-from freeinference_batch.core.schemas import RequestMessage, RequestStatus
+from freeinference_batch.core.schemas import BatchJob, RequestMessage, RequestStatus
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.ops import operator_status
-from freeinference_batch.store import files, uploads
+from freeinference_batch.store import batch_status, files, uploads
 from freeinference_batch.store.batch_keys import OPEN_SHARD, PURGE_SHARD, batch_id_of
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
@@ -20,6 +20,10 @@ from freeinference_batch.store.runs import RunWrites, Tally
 PAST_WINDOW_GRACE_SECONDS = 3600
 # How many of a chain's requests past its head the sweep reads at once when counting a dead run's.
 READ_AHEAD = 32
+# An unchecked file batch's check has gone quiet when it is still unchecked this long after its
+# job was sent: the batch jobs queue's maxReceiveCount (5) times its visibility timeout (5400 s),
+# by when SQS has given a failing message up to the dead-letter queue (template.yaml).
+CHECK_QUIET_SECONDS = 5 * 5400 + 600
 
 
 def expire(settings: Settings) -> dict:
@@ -57,7 +61,7 @@ def sweep(settings: Settings) -> dict:
     table = BatchTable(settings)
     writes = RunWrites(settings, table)
     now = clock.now(settings.clock_offset_file)
-    counts = {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0}
+    counts = {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0, "checks_resent": 0}
     for item in table.open_batches():
         meta = table.get_meta(batch_id_of(item))
         if meta is None or lifecycle.is_final(meta.status):
@@ -65,6 +69,9 @@ def sweep(settings: Settings) -> dict:
         if lifecycle.try_finalize(settings, meta, now):
             counts["finalized"] += 1
             continue
+        if meta.unchecked:
+            counts["checks_resent"] += resend_quiet_check(settings, meta, now)
+            continue  # no lanes before its check
         changed = counts["recovered"] + counts["interrupted"] + counts["counted"]
         take_back_dead_runs(settings, table, writes, meta, now, counts)
         if counts["recovered"] + counts["interrupted"] + counts["counted"] > changed:  # maybe the last
@@ -72,6 +79,21 @@ def sweep(settings: Settings) -> dict:
             if fresh is not None and lifecycle.try_finalize(settings, fresh, now):
                 counts["finalized"] += 1
     return counts
+
+
+def resend_quiet_check(settings: Settings, meta: BatchRecord, now: float) -> int:
+    """A file batch still unchecked CHECK_QUIET_SECONDS after its check was last sent: that job's
+    message is gone (its send failed after create, or it failed every receive and went to the
+    dead-letter queue), so it is sent again, once per quiet period (a conditional write first, so
+    of two sweeps one sends). Answers 1 if sent. A check that keeps failing still ends with the
+    batch's window (expired)."""
+    if now < (meta.check_sent_at or meta.created_at) + CHECK_QUIET_SECONDS:
+        return 0
+    if not batch_status.check_resent(settings, meta, now):
+        return 0
+    jobs.send(settings, BatchJob(kind="validate", batch_id=meta.id))
+    logger.warning("re-sent a file batch's quiet check", extra={"batch_id": meta.id})
+    return 1
 
 
 def take_back_dead_runs(settings: Settings, table: BatchTable, writes: RunWrites, meta: BatchRecord, now: float,

@@ -55,6 +55,16 @@ class BatchRecord(BaseModel):
     metadata: dict[str, str] | None = None
     # Written at create on a batch made by a retry (the parent's id); absent on every other batch.
     retry_of: str | None = None
+    # Written at create on a batch made from a file (OpenAI's form), and on a retry's child of one.
+    input_file_id: str | None = None
+    # A file batch whose lines are not yet checked and stored: written at create, removed by the
+    # one write that stores its requests (`batch_status.checked`) or fails it (`finish` with
+    # errors). While set, `total` is 0 and it has no requests: nothing may complete it.
+    unchecked: bool = False
+    # When the sweep last sent an unchecked batch's `validate` job again (its first was create's).
+    check_sent_at: int | None = None
+    # Why its file failed the checks (OpenAI's `{"object": "list", "data": [...]}`), set with failed.
+    errors: dict[str, Any] | None = None
     # Set when the owner lost the right to run it: no request starts, and the batch fails once
     # none runs; the same map then becomes `error`.
     failing: dict[str, Any] | None = None

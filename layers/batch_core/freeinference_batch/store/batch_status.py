@@ -4,11 +4,13 @@
 | write | status from -> to | made by |
 |---|---|---|
 | `create` | (none) -> `validating` | create (`batches/operations.py`), with the account's unfinished count |
+| `checked` | `validating` (unchecked) -> `validating`, requests stored | a file's check (`file_batches.py`) |
+| `check_resent` | unchanged, `check_sent_at` set | the sweep, a file's check gone quiet |
 | `start` | `validating` / `in_progress` -> `in_progress`, no `waiting` | a chain's first claim (`runs.start_chain`) |
 | `wait` | unchanged, `waiting` set | a chain parks, none of the batch running (`worker/waiting.py`) |
 | `mark_failing` | unchanged, `failing` set | the owner lost the right to run it (`lifecycle.fail_batch`) |
 | `start_cancelling` | `validating` / `in_progress` -> `cancelling` | cancel while requests run (`cancel_batch`) |
-| `finish` | -> `completed` / `failed` / `expired` / `cancelled` | `lifecycle.try_finalize`; cancel when none runs |
+| `finish` | -> completed / failed / expired / cancelled | `try_finalize`; cancel (none runs); a failed file check |
 | `delete` | any, none running -> `deleted` | delete (`batches/operations.py` `delete_batch`) |
 
 Each is conditional on the status its caller read (and on `running`): of two writers deciding
@@ -45,9 +47,12 @@ TTL_AFTER_PURGE_SECONDS = 3 * 86400
 
 def new_meta(batch_id: str, *, account_id: str, key_hash: str, created_at: int, window_seconds: int, total: int,
              metadata: dict[str, str] | None, id_base: int, chunk_starts: list[int], lane_widths: dict[str, int],
-             ttl: int, retry_of: str | None = None) -> dict[str, Any]:
+             ttl: int, retry_of: str | None = None, input_file_id: str | None = None,
+             unchecked: bool = False) -> dict[str, Any]:
     """The META item of a new batch, as `create` writes it (and as its first answer reads it).
-    `retry_of` only on a retry's child: every other batch's item stays as it was, no bigger."""
+    `retry_of` only on a retry's child, `input_file_id` only on a batch made from a file (and its
+    retries' children), `unchecked` only on a file batch whose lines are still to be checked:
+    every other batch's item stays as it was, no bigger."""
     meta = {
         "pk": batch_pk(batch_id), "sk": META, "id": batch_id,
         "owner": account_id, "account_id": account_id, "key_hash": key_hash,
@@ -59,6 +64,10 @@ def new_meta(batch_id: str, *, account_id: str, key_hash: str, created_at: int, 
     }
     if retry_of is not None:
         meta["retry_of"] = retry_of
+    if input_file_id is not None:
+        meta["input_file_id"] = input_file_id
+    if unchecked:
+        meta["unchecked"] = True
     return meta
 
 
@@ -70,6 +79,35 @@ def create(settings: Settings, meta: dict[str, Any]) -> list[dict]:
                  "ConditionExpression": "attribute_not_exists(pk)"}},
         accounts_table.unfinished_increment_element(settings, meta["account_id"], settings.batch_max_unfinished),
     ]
+
+
+def checked(settings: Settings, batch_id: str, *, total: int, chunk_starts: list[int], lane_widths: dict[str, int],
+            id_base: int) -> BatchRecord | None:
+    """A file batch's lines checked and its requests stored (every other item of it written
+    first): its META takes what create writes for an inline batch, and is no longer `unchecked`.
+    Only while it is still validating and unchecked: a cancel, an expiry, a delete or another run
+    of the check that got there first makes this None (and the caller starts nothing)."""
+    return record_of(update_returning(
+        settings.batch_table_name, meta_key(batch_id),
+        "SET #total = :total, chunk_starts = :chunk_starts, lane_widths = :lane_widths, id_base = :id_base "
+        "REMOVE unchecked",
+        "#status = :validating AND attribute_exists(unchecked) AND attribute_not_exists(failing)",
+        names={"#status": "status", "#total": "total"}, total=total, chunk_starts=chunk_starts,
+        lane_widths=lane_widths, id_base=id_base, validating=BatchStatus.VALIDATING,
+    ))
+
+
+def check_resent(settings: Settings, meta: BatchRecord, now: float) -> bool:
+    """An unchecked file batch's `validate` job sent again (`check_sent_at` now): only while it is
+    still validating and unchecked, and its `check_sent_at` is as read, so of two sweeps one
+    sends it. True if this call wrote it."""
+    condition = "#status = :validating AND attribute_exists(unchecked) AND "
+    condition += ("check_sent_at = :sent" if meta.check_sent_at is not None else "attribute_not_exists(check_sent_at)")
+    named: dict[str, Any] = {"sent": meta.check_sent_at} if meta.check_sent_at is not None else {}
+    return apply_update(update_element(
+        settings.batch_table_name, meta_key(meta.id), "SET check_sent_at = :now", condition,
+        names={"#status": "status"}, now=int(now), validating=BatchStatus.VALIDATING, **named,
+    ))
 
 
 def start(settings: Settings, batch_id: str, now: float) -> dict:
@@ -122,18 +160,30 @@ def start_cancelling(settings: Settings, meta: BatchRecord, now: float) -> Batch
     ))
 
 
-def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float) -> list[dict]:
+def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float,
+           errors: dict[str, Any] | None = None) -> list[dict]:
     """-> `final` (completed, failed, expired or cancelled): only from the status as read and with
     none running, so a final batch's counts never change. It leaves the open index and joins the
     purge index, and is no longer `waiting`; a failed batch's `failing` becomes its `error`; a
     batch cancelled straight from running (none was) is cancelling and cancelled at once. With
     it, the account's unfinished batch given back: the account of `account_id`, the same as
-    `owner`, which only a delete removes (and a deleted batch never finishes)."""
+    `owner`, which only a delete removes (and a deleted batch never finishes).
+    `errors`: a file batch whose lines failed the checks (final is failed): only while it is
+    still unchecked, and it is then checked for good (a second run of the check changes nothing)."""
     at = int(now)
     sets = ["#status = :final", f"{final}_at = :now", "finished_at = :now", "purge_shard = :purge_shard",
             "purge_at = :purge_at", "#ttl = :ttl"]
     names = {"#status": "status", "#ttl": "ttl"}
-    if final == BatchStatus.FAILED:
+    condition = "#status = :old AND running = :zero"
+    named: dict[str, Any] = {}
+    removes = "open_shard, waiting"
+    if errors is not None:
+        sets.append("#errors = :errors")
+        names["#errors"] = "errors"
+        named["errors"] = errors
+        condition += " AND attribute_exists(unchecked)"
+        removes += ", unchecked"
+    elif final == BatchStatus.FAILED:
         sets.append("#error = failing")
         names["#error"] = "error"
     if final == BatchStatus.CANCELLED and meta.status != BatchStatus.CANCELLING:
@@ -141,10 +191,10 @@ def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float
     purge_at = at + settings.batch_retention_seconds
     return [
         update_element(
-            settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE open_shard, waiting",
-            "#status = :old AND running = :zero", names=names,
+            settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE {removes}",
+            condition, names=names,
             final=final, old=meta.status, zero=0, now=at, purge_shard=PURGE_SHARD, purge_at=purge_at,
-            ttl=purge_at + TTL_AFTER_PURGE_SECONDS,
+            ttl=purge_at + TTL_AFTER_PURGE_SECONDS, **named,
         ),
         accounts_table.unfinished_decrement_element(settings, meta.account_id),
     ]

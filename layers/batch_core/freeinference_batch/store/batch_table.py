@@ -103,6 +103,20 @@ class BatchTable(InputChunks, Lanes, RequestItems):
     def put_items(self, items: list[dict]) -> None:
         batch_write(self.name, puts=items)
 
+    def put_new_items(self, items: list[dict]) -> int:
+        """Put each item only where none is (one conditional PutItem each, for the few items whose
+        later changes a second writer must not undo: a lane's chains move their heads once they
+        run); answers how many were new."""
+        new = 0
+        for item in items:
+            try:
+                aws.dynamodb().put_item(TableName=self.name, Item=item, ConditionExpression="attribute_not_exists(pk)")
+                new += 1
+            except ClientError as error:
+                if not is_conditional_failure(error):
+                    raise
+        return new
+
     # ---- META ----------------------------------------------------------------------------
 
     def get_meta(self, batch_id: str, *, consistent: bool = True) -> BatchRecord | None:
