@@ -28,7 +28,9 @@ def send(settings: Settings, job: BatchJob, delay_seconds: int = 0) -> None:
 
 def steps() -> dict[str, Step]:
     """Each kind of job's step (imported here, not at the top: the API sends jobs and needs none of them)."""
-    return {}
+    from freeinference_batch.batches import output_files
+
+    return {"write_files": output_files.write_files}
 
 
 def run_step(settings: Settings, job: BatchJob, deadline: float) -> bool:

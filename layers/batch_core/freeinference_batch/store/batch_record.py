@@ -55,6 +55,15 @@ class BatchRecord(BaseModel):
     metadata: dict[str, str] | None = None
     # Written at create on a batch made by a retry (the parent's id); absent on every other batch.
     retry_of: str | None = None
+    input_file_id: str | None = None
+    # A batch created from a file (`input_file_id`) ends through its output and error files
+    # (batches/output_files.py): `ending` is the final status it takes once they are written, set
+    # (with `ending_at`) by the write that stops it (batch_status.end_with_files) and removed by
+    # the final one, which also sets the files' ids (absent: none, as for an inline batch).
+    ending: BatchStatus | None = None
+    ending_at: int | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
     # Set when the owner lost the right to run it: no request starts, and the batch fails once
     # none runs; the same map then becomes `error`.
     failing: dict[str, Any] | None = None
@@ -67,6 +76,7 @@ class BatchRecord(BaseModel):
     # ---- timestamps (whole seconds), each written once when its step happens -------------------
     in_progress_at: int | None = None
     cancelling_at: int | None = None
+    finalizing_at: int | None = None
     completed_at: int | None = None
     failed_at: int | None = None
     expired_at: int | None = None
