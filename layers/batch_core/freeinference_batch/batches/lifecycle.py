@@ -15,7 +15,7 @@ from freeinference_batch.batches import jobs
 from freeinference_batch.core.observability import log_status_change, logger
 from freeinference_batch.core.schemas import FINAL_STATUSES, BatchJob, BatchStatus
 from freeinference_batch.core.settings import Settings
-from freeinference_batch.store import batch_status
+from freeinference_batch.store import batch_files, batch_status
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import TransactionFailed, transact
 
@@ -101,3 +101,21 @@ def fail_batch(settings: Settings, meta: BatchRecord, now: float, code: str, mes
 
 def is_final(status: str) -> bool:
     return status in FINAL_STATUSES
+
+
+def revive_files_job(settings: Settings, meta: BatchRecord, now: float) -> bool:
+    """The sweep's look at a batch whose files are being written: when its job has shown no sign of
+    life for BATCH_FILES_STALL_SECONDS (its message lost, or failed into the dead-letter queue), a
+    new one is sent, and the progress touched so that the next sweeps wait for it (a run of the old
+    job that comes back after all loses its next write and stops). True when it sent one."""
+    progress = batch_files.get_progress(settings, meta.id)
+    last = progress.touched_at if progress else (meta.ending_at or 0)
+    if now - last < settings.batch_files_stall_seconds:
+        return False
+    touched = (progress or batch_files.Progress()).model_copy(update={"touched_at": int(now)})
+    _, ttl = batch_status.retention(settings, now)
+    if not batch_files.save_progress(settings, meta.id, touched, progress.version if progress else None, ttl):
+        return False  # the job moved meanwhile: alive
+    jobs.send(settings, BatchJob(kind="write_files", batch_id=meta.id))
+    logger.warning("re-sent the write_files job of a batch whose files' job went quiet", extra={"batch_id": meta.id})
+    return True

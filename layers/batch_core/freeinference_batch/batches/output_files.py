@@ -29,10 +29,10 @@ import json
 import time
 from collections.abc import Iterator
 
-from freeinference_batch.batches import jobs, views
+from freeinference_batch.batches import views
 from freeinference_batch.core import clock
 from freeinference_batch.core.observability import log_status_change, logger
-from freeinference_batch.core.schemas import BatchJob, BatchStatus, RequestStatus
+from freeinference_batch.core.schemas import BatchStatus, RequestStatus
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import batch_files, batch_status, files
 from freeinference_batch.store.batch_files import KINDS, FileProgress, Kind, Progress
@@ -231,20 +231,3 @@ def _finish(settings: Settings, table: BatchTable, meta: BatchRecord, progress: 
     log_status_change(f"batch {final}", meta.id, final, meta.status, output_file_id=ids[0], error_file_id=ids[1])
     return True
 
-
-def revive(settings: Settings, meta: BatchRecord, now: float) -> bool:
-    """The sweep's look at a batch whose files are being written: when its job has shown no sign of
-    life for BATCH_FILES_STALL_SECONDS (its message lost, or failed into the dead-letter queue), a
-    new one is sent, and the progress touched so that the next sweeps wait for it (a run of the old
-    job that comes back after all loses its next write and stops). True when it sent one."""
-    progress = batch_files.get_progress(settings, meta.id)
-    last = progress.touched_at if progress else (meta.ending_at or 0)
-    if now - last < settings.batch_files_stall_seconds:
-        return False
-    touched = (progress or Progress()).model_copy(update={"touched_at": int(now)})
-    _, ttl = batch_status.retention(settings, now)
-    if not batch_files.save_progress(settings, meta.id, touched, progress.version if progress else None, ttl):
-        return False  # the job moved meanwhile: alive
-    jobs.send(settings, BatchJob(kind="write_files", batch_id=meta.id))
-    logger.warning("re-sent the write_files job of a batch whose files' job went quiet", extra={"batch_id": meta.id})
-    return True

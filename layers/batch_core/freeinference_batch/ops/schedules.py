@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freeinference_batch.batches import dispatch, lifecycle, output_files
+from freeinference_batch.batches import dispatch, lifecycle
 from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import load_catalog
 from freeinference_batch.core.observability import logger
@@ -64,7 +64,7 @@ def sweep(settings: Settings) -> dict:
         if meta is None or lifecycle.is_final(meta.status):
             continue
         if meta.ending is not None:
-            if output_files.revive(settings, meta, now):
+            if lifecycle.revive_files_job(settings, meta, now):
                 counts["files_resent"] += 1
             continue
         if lifecycle.try_finalize(settings, meta, now):
