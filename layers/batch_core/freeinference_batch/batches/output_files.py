@@ -143,7 +143,8 @@ class _Step:
             upload_id = batch_files.start_upload(self.settings, self.meta.id, kind)
             state.upload_id = upload_id
             if not self.keep():
-                batch_files.abort_upload(self.settings, self.meta.id, kind, upload_id)
+                # Another run's upload is the file's; this one, never given a part, the bucket's
+                # lifecycle rule aborts (AbortIncompleteMultipartUpload, a day).
                 return False
         body = writer.take()
         batch_files.upload_part(self.settings, self.meta.id, kind, state.upload_id, state.next_part, body)

@@ -101,13 +101,6 @@ def start_upload(settings: Settings, batch_id: str, kind: Kind) -> str:
     return answer["UploadId"]
 
 
-def abort_upload(settings: Settings, batch_id: str, kind: Kind, upload_id: str) -> None:
-    """An upload another run replaced (it never gets parts): what it holds goes now, not after
-    the bucket's lifecycle rule (a day)."""
-    aws.s3().abort_multipart_upload(Bucket=settings.payload_bucket_name, Key=object_key(batch_id, kind),
-                                    UploadId=upload_id)
-
-
 def upload_part(settings: Settings, batch_id: str, kind: Kind, upload_id: str, number: int, body: bytes) -> None:
     """Part `number` (again, should a run that died have sent it: the content is the same)."""
     aws.s3().upload_part(Bucket=settings.payload_bucket_name, Key=object_key(batch_id, kind), UploadId=upload_id,
