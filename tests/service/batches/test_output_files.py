@@ -53,8 +53,8 @@ def test_a_completed_file_batch_is_finalizing_until_its_files_are_written_then_c
     assert file_lines(harness, final["output_file_id"]) == output
     assert file_lines(harness, final["error_file_id"]) == error
     assert final["output_file_id"] == files.batch_file_id(batch_id, "output")
-    # The progress item went with the final write
-    assert batch_files.get_progress(harness.settings, batch_id) is None
+    progress = batch_files.get_progress(harness.settings, batch_id)
+    assert progress.output.done and progress.error.done
 
 
 def test_a_file_with_no_line_is_null(harness):

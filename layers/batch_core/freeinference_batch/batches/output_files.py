@@ -210,7 +210,7 @@ def write_files(settings: Settings, batch_id: str, deadline: float) -> bool:
 
 def _finish(settings: Settings, table: BatchTable, meta: BatchRecord, progress: Progress, now: float,
             ttl: int) -> bool:
-    """The files' items, then the batch's final write with their ids (the progress item goes with it)."""
+    """The files' items, then the batch's final write with their ids."""
     ids: list[str | None] = []
     for kind in KINDS:
         size = progress.of(kind).size
@@ -222,8 +222,8 @@ def _finish(settings: Settings, table: BatchTable, meta: BatchRecord, progress: 
         ids.append(record.id)
     final = BatchStatus(meta.ending)
     try:
-        transact([*batch_status.finish(settings, meta, final, now, files=(ids[0], ids[1])),
-                  batch_files.delete_progress_element(settings, meta.id)])
+        # (The progress item stays, done, until the batch's purge: no function deletes items one by one.)
+        transact(batch_status.finish(settings, meta, final, now, files=(ids[0], ids[1])))
     except TransactionFailed:
         fresh = table.get_meta(meta.id)
         if fresh is None or fresh.ending is None:

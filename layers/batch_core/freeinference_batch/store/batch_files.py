@@ -87,11 +87,6 @@ def save_progress(settings: Settings, batch_id: str, progress: Progress, read: i
     return True
 
 
-def delete_progress_element(settings: Settings, batch_id: str) -> dict:
-    """The progress item's delete, an element of the batch's final write."""
-    return {"Delete": {"TableName": settings.batch_table_name, "Key": _key(batch_id)}}
-
-
 # ---- objects -----------------------------------------------------------------------------------
 
 
