@@ -35,6 +35,7 @@ from freeinference_batch.store.accounts_table import account_item_key
 from freeinference_batch.store.dynamo import (
     TransactionFailed,
     batch_get,
+    batch_write,
     from_item,
     is_conditional_failure,
     key,
@@ -210,60 +211,76 @@ def list_files(settings: Settings, account_id: str, *, purpose: str | None, limi
 # -- input files --
 
 
-def create_input_file(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> None:
-    """Write an input file's item and count it on its account, in one transaction; raise
-    FileCapReached when the account already holds `max_files` files or would pass `max_bytes`."""
-    size = record.bytes
+def input_file_elements(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> list[dict]:
+    """The two transaction elements that store an input file: its item (new), and its count and
+    bytes added to its account's on the condition that they stay within `max_files` and
+    `max_bytes` (a refused second element is FileCapReached: see `create_input_file`)."""
     count = update_element(
         settings.accounts_table_name, account_item_key(record.account_id),
         "ADD input_files :one, input_file_bytes :size SET account_id = if_not_exists(account_id, :account)",
         "(attribute_not_exists(input_files) OR input_files < :max_files) AND "
         "(attribute_not_exists(input_file_bytes) OR input_file_bytes <= :room)",
-        one=1, size=size, account=record.account_id, max_files=max_files, room=max_bytes - size,
+        one=1, size=record.bytes, account=record.account_id, max_files=max_files, room=max_bytes - record.bytes,
     )
-    if size > max_bytes:
-        raise FileCapReached()
     put = {"Put": {"TableName": settings.batch_table_name, "Item": _item(record),
                    "ConditionExpression": "attribute_not_exists(pk)"}}
+    return [put, count]
+
+
+def create_input_file(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> None:
+    """Write an input file's item and count it on its account, in one transaction; raise
+    FileCapReached when the account already holds `max_files` files or would pass `max_bytes`."""
+    if record.bytes > max_bytes:
+        raise FileCapReached()
     try:
-        transact([put, count])
+        transact(input_file_elements(settings, record, max_files=max_files, max_bytes=max_bytes))
     except TransactionFailed as failed:
         if failed.failed(1):
             raise FileCapReached() from failed
         raise
 
 
-def delete_input_file(settings: Settings, record: FileRecord) -> bool:
-    """Delete an input file's item and give its count and bytes back to its account, in one
-    transaction; then its objects. False when the item was already gone (another delete, or the
-    purge, gave them back)."""
-    delete = {"Delete": {"TableName": settings.batch_table_name, "Key": file_key(record.id),
-                         "ConditionExpression": "attribute_exists(pk)"}}
+def delete_input_file(settings: Settings, record: FileRecord, now: float) -> bool:
+    """Delete an input file: in one transaction its item becomes a tombstone (`deleted_at`: gone
+    for every read at once, the purge removes it) and its count and bytes go back to its account;
+    then its objects. False when it was already deleted (another delete, or the purge, gave them
+    back). A tombstone rather than DeleteItem: no function's role may delete items one by one."""
+    tombstone = update_element(settings.batch_table_name, file_key(record.id),
+                               "SET deleted_at = :now, purge_shard = :shard, purge_at = :now",
+                               "attribute_exists(pk) AND attribute_not_exists(deleted_at)",
+                               now=int(now), shard=FILES_SHARD)
     give_back = update_element(settings.accounts_table_name, account_item_key(record.account_id),
                                "ADD input_files :minus_one, input_file_bytes :minus_size",
                                minus_one=-1, minus_size=-record.bytes)
     try:
-        transact([delete, give_back])
+        transact([tombstone, give_back])
     except TransactionFailed as failed:
         if failed.failed(0):
             return False
         raise
-    # The item is gone first, so the content is a 404 at once; an object left by a failed delete
-    # is the bucket lifecycle's (9 days).
+    # The item is a tombstone first, so the content is a 404 at once; an object left by a failed
+    # delete is the bucket lifecycle's (9 days).
     objects.delete_keys(settings.payload_bucket_name, record.objects)
     return True
 
 
-def expired_input_files(settings: Settings, now: float) -> Iterator[FileRecord]:
-    """Input files whose `expires_at` has passed, for the purge schedule to delete."""
+def purge_input_files(settings: Settings, now: float) -> int:
+    """The purge schedule's part: input files whose `expires_at` has passed deleted (their count
+    and bytes given back), and the items of deleted ones removed with their join's. How many
+    expired."""
+    expired = 0
     for item in query_all(TableName=settings.batch_table_name, IndexName="purge-index",
                           KeyConditionExpression="purge_shard = :shard AND purge_at <= :now",
                           ExpressionAttributeValues=values(shard=FILES_SHARD, now=now)):
         answer = aws.dynamodb().get_item(TableName=settings.batch_table_name,
                                          Key=key(item["pk"], item["sk"]), ConsistentRead=True)
-        record = _record(from_item(answer.get("Item")))
-        if record is not None:
-            yield record
+        found = from_item(answer.get("Item"))
+        if found is None:
+            continue
+        if found.get("deleted_at") is None:
+            expired += delete_input_file(settings, _record(found), now)
+        batch_write(settings.batch_table_name, deletes=[file_key(found["id"]), join_key(found["id"])])
+    return expired
 
 
 def set_objects(settings: Settings, file_id: str, object_keys: list[str], expected: list[str]) -> bool:
@@ -327,6 +344,60 @@ def delete_batch_file(settings: Settings, record: FileRecord, now: float) -> Non
 
 def delete_batch_files(settings: Settings, batch_id: str) -> None:
     """Delete a batch's output and error file items (the batch's purge deletes their objects)."""
-    for kind in ("output", "error"):
-        aws.dynamodb().delete_item(TableName=settings.batch_table_name,
-                                   Key=file_key(batch_file_id(batch_id, kind)))
+    batch_write(settings.batch_table_name, deletes=[file_key(batch_file_id(batch_id, kind))
+                                                    for kind in ("output", "error")])
+
+
+# -- joining an upload's parts into one object (files/content.py) --
+#
+# Its progress is an item of its own, `FILE#<id>` / `JOIN` (the file's item may hold a thousand
+# object keys: each step would rewrite them all): the S3 multipart upload's id, the next of the
+# file's objects to read, and the ETags of the parts written so far. A step writes whole objects
+# only, so progress is a position in `objects`, and a run that dies resumes from the last step.
+
+JOIN_SK = "JOIN"
+
+
+def join_key(file_id: str) -> dict[str, dict]:
+    return key(f"FILE#{file_id}", JOIN_SK)
+
+
+def get_join(settings: Settings, file_id: str) -> dict[str, Any] | None:
+    answer = aws.dynamodb().get_item(TableName=settings.batch_table_name, Key=join_key(file_id), ConsistentRead=True)
+    return from_item(answer.get("Item"))
+
+
+def start_join(settings: Settings, file_id: str, upload_id: str, now: float, ttl: int) -> bool:
+    """Record a join's start; False when another one started first (its progress is the one)."""
+    item = to_item({"pk": f"FILE#{file_id}", "sk": JOIN_SK, "upload_id": upload_id, "next_object": 0,
+                    "etags": [], "started_at": int(now), "ttl": ttl})
+    try:
+        aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=item,
+                                ConditionExpression="attribute_not_exists(pk)")
+        return True
+    except ClientError as error:
+        if is_conditional_failure(error):
+            return False
+        raise
+
+
+def advance_join(settings: Settings, file_id: str, upload_id: str, read_before: int, next_object: int,
+                 etag: str) -> bool:
+    """One step's progress: the part written, from objects `read_before` up to `next_object`;
+    False when another run moved it first (this run's part is then not counted: it stops)."""
+    try:
+        aws.dynamodb().update_item(
+            TableName=settings.batch_table_name, Key=join_key(file_id),
+            UpdateExpression="SET next_object = :next, etags = list_append(etags, :etag)",
+            ConditionExpression="upload_id = :upload AND next_object = :before",
+            ExpressionAttributeValues=values(next=next_object, etag=[etag], upload=upload_id, before=read_before),
+        )
+        return True
+    except ClientError as error:
+        if is_conditional_failure(error):
+            return False
+        raise
+
+
+def end_join(settings: Settings, file_id: str) -> None:
+    batch_write(settings.batch_table_name, deletes=[join_key(file_id)])
