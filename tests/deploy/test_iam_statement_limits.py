@@ -16,19 +16,11 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "template.yaml"
 
 
 def test_no_function_may_scan_or_delete_items_one_by_one() -> None:
-    # The calls DynamoDBCrudPolicy used to allow on whole tables, which no code makes. One item
-    # deleted by its key is a file's (issue 32: a batch's output and error files go with it), and
-    # only under FILE#.
+    # The calls DynamoDBCrudPolicy used to allow on whole tables, which no code makes.
     template = load_template(TEMPLATE)
     for function in resources_of_type(template, "AWS::Serverless::Function"):
         actions = {action for action, _ in grants(template, function)}
-        assert not actions & {"dynamodb:Scan", "dynamodb:DeleteTable"}, function
-        for policy in function_properties(template, function).get("Policies", []):
-            for statement in policy["Statement"]:
-                listed = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-                if "dynamodb:DeleteItem" in listed:
-                    keys = statement.get("Condition", {}).get("ForAllValues:StringLike", {})
-                    assert keys.get("dynamodb:LeadingKeys") == ["FILE#*"], (function, statement)
+        assert not actions & {"dynamodb:Scan", "dynamodb:DeleteItem", "dynamodb:DeleteTable"}, function
 
 
 def test_no_statement_lists_every_models_queue() -> None:
