@@ -25,6 +25,10 @@ ACTIONS = {
     ("s3", "HeadObject"): "s3:GetObject",
     ("s3", "PutObject"): "s3:PutObject",
     ("s3", "DeleteObject"): "s3:DeleteObject",
+    # S3's multipart upload: every step is s3:PutObject (an input file's parts joined, files/content.py)
+    ("s3", "CreateMultipartUpload"): "s3:PutObject",
+    ("s3", "UploadPart"): "s3:PutObject",
+    ("s3", "CompleteMultipartUpload"): "s3:PutObject",
     ("s3", "ListObjectsV2"): "s3:ListBucket",
     ("s3", "CreateMultipartUpload"): "s3:PutObject",
     ("s3", "UploadPart"): "s3:PutObject",

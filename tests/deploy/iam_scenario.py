@@ -185,6 +185,48 @@ class WorkerDied(BaseException):
     """The Lambda running a request is killed mid-run: nothing cleans up."""
 
 
+BOUNDARY = "scenario-boundary"
+
+
+def _form(name: str, data: bytes, **fields: str) -> bytes:
+    out = b"".join(f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+                   for k, v in fields.items())
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"; filename="in.jsonl"\r\n\r\n'
+    return out + head.encode() + data + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def manage_files(harness) -> None:
+    """Every file and upload route once, an upload of two parts joined by its download; an input
+    file and a pending upload left for the purge to expire."""
+    multipart = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+    def call(method: str, path: str, body: Any = None, raw: bytes | None = None) -> dict:
+        status, answer = harness.call(method, path, body, raw=raw, headers=multipart if raw else None)
+        assert status in (200, 307), (path, answer)
+        return answer
+
+    made = call("POST", "/v1/files", raw=_form("file", b'{"a":1}\n', purpose="batch"))
+    kept = call("POST", "/v1/files", raw=_form("file", b'{"b":2}\n', purpose="batch"))
+    call("GET", "/v1/files?limit=5")
+    call("GET", f"/v1/files/{made['id']}")
+    call("GET", f"/v1/files/{made['id']}/content")
+    call("DELETE", f"/v1/files/{made['id']}")
+    parts = [random.Random(n).randbytes(3 * 1024 * 1024) for n in range(2)]
+    upload = call("POST", "/v1/uploads", {"filename": "big.jsonl", "purpose": "batch", "bytes": 6 * 1024 * 1024,
+                                          "mime_type": "application/jsonl"})
+    ids = [call("POST", f"/v1/uploads/{upload['id']}/parts", raw=_form("data", part))["id"] for part in parts]
+    done = call("POST", f"/v1/uploads/{upload['id']}/complete", {"part_ids": ids})
+    call("GET", f"/v1/files/{done['file']['id']}/content")
+    cancelled = call("POST", "/v1/uploads", {"filename": "c", "purpose": "batch", "bytes": 10,
+                                             "mime_type": "application/jsonl"})
+    call("POST", f"/v1/uploads/{cancelled['id']}/parts", raw=_form("data", b"0123"))
+    call("POST", f"/v1/uploads/{cancelled['id']}/cancel")
+    pending = call("POST", "/v1/uploads", {"filename": "p", "purpose": "batch", "bytes": 10,
+                                           "mime_type": "application/jsonl"})
+    call("POST", f"/v1/uploads/{pending['id']}/parts", raw=_form("data", b"0123"))
+    assert kept["id"]
+
+
 def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     # The workers read the upstream credential from the template's secret, as deployed.
     secret_arn = aws._client("secretsmanager").describe_secret(
@@ -205,6 +247,7 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     accounts.set_account(harness.settings, "acct-1", concurrency=2)
     receiver = Receiver()
     live, _ = manage_webhook_endpoints(harness, receiver)
+    manage_files(harness)
     # A body too big for an item, whatever the compression (random text).
     big_body = base64.b64encode(random.Random(7).randbytes(450_000)).decode()
 

@@ -30,6 +30,16 @@ API_ROUTES = {
     ("POST", "/v1/webhook_endpoints/{endpoint_id}/rotate_secret"),
     ("POST", "/v1/webhook_endpoints/{endpoint_id}/test"),
     ("GET", "/v1/webhook_event_types"),
+    # OpenAI's Files and Uploads APIs (files/), so the openai package's client.files and client.uploads work.
+    ("POST", "/v1/files"),
+    ("GET", "/v1/files"),
+    ("GET", "/v1/files/{file_id}"),
+    ("DELETE", "/v1/files/{file_id}"),
+    ("GET", "/v1/files/{file_id}/content"),
+    ("POST", "/v1/uploads"),
+    ("POST", "/v1/uploads/{upload_id}/parts"),
+    ("POST", "/v1/uploads/{upload_id}/complete"),
+    ("POST", "/v1/uploads/{upload_id}/cancel"),
 }
 # An ANY route per path of the API: the methods a path does not declare reach the function,
 # which answers 405 with Allow (api.py), not API Gateway's 404.

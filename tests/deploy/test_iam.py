@@ -38,6 +38,12 @@ PACKAGE = REPO / "layers" / "batch_core" / "freeinference_batch"
 UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("StatusEventsFunction", "sqs:SendMessage", "StatusEventsDeadLetterQueue"):
         "the stream mapping's OnFailure destination, which Lambda writes with the function's role (no code of ours)",
+    # A download's presigned GET (files.content) is authorized as its signer's s3:GetObject; the
+    # API reads no whole input file or batch output file itself.
+    ("ApiFunction", "s3:GetObject", "PayloadBucket/files/*"):
+        "files/operations.content_url: the SDK's GET of a joined or files.create input file",
+    ("ApiFunction", "s3:GetObject", "PayloadBucket/batch_*/files/*"):
+        "files/operations.content_url: the SDK's GET of a batch's output or error file",
 }
 
 

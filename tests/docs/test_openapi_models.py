@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from freeinference_batch.core import schemas
+from freeinference_batch.files import models as file_models
 from freeinference_batch_client import client
 from pydantic import BaseModel
 
@@ -35,6 +36,11 @@ PAIRS: dict[str, type[BaseModel]] = {
     "DeletedWebhookEndpoint": schemas.DeletedWebhookEndpoint,
     "WebhookEndpointTestResult": schemas.WebhookEndpointTestResult,
     "WebhookEventTypeList": schemas.WebhookEventTypeList,
+    "File": file_models.FileObject,
+    "FileList": file_models.FileList,
+    "DeletedFile": file_models.FileDeleted,
+    "Upload": file_models.UploadObject,
+    "UploadPart": file_models.UploadPartObject,
 }
 # openapi.yaml's request bodies -> the model the service parses them with (webhooks/endpoints.py,
 # batches/retry.py). Event types and retry statuses are plain strings there, so that one outside
@@ -45,6 +51,8 @@ REQUESTS: dict[str, type[BaseModel]] = {
     "UpdateWebhookEndpointRequest": schemas.WebhookUpdateBody,
     "RotateWebhookSecretRequest": schemas.WebhookRotateSecretBody,
     "TestWebhookEndpointRequest": schemas.WebhookTestBody,
+    "CreateUploadRequest": file_models.CreateUploadBody,
+    "CompleteUploadRequest": file_models.CompleteUploadBody,
 }
 CLIENT: dict[str, type[BaseModel]] = {
     "Batch": client.Batch, "BatchWaiting": client.BatchWaiting, "RequestCounts": client.RequestCounts,

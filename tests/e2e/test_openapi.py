@@ -97,9 +97,15 @@ def test_the_document_is_valid_openapi_3_1():
     assert SPEC["openapi"].startswith("3.1")
 
 
+# OpenAI's Files and Uploads APIs (issue 32)
+FILES = {("/files", "post"), ("/files", "get"), ("/files/{file_id}", "get"), ("/files/{file_id}", "delete"),
+         ("/files/{file_id}/content", "get"), ("/uploads", "post"), ("/uploads/{upload_id}/parts", "post"),
+         ("/uploads/{upload_id}/complete", "post"), ("/uploads/{upload_id}/cancel", "post")}
+
+
 def test_the_document_has_the_six_endpoints_the_retry_the_webhook_routes_and_their_errors():
     operations = {(path, method) for path, item in SPEC["paths"].items() for method in item if method != "parameters"}
-    assert operations == {CREATE, LIST, RETRIEVE, DELETE, RESULTS, CANCEL, RETRY} | WEBHOOKS
+    assert operations == {CREATE, LIST, RETRIEVE, DELETE, RESULTS, CANCEL, RETRY} | WEBHOOKS | FILES
     statuses = {status for path, method in operations for status in SPEC["paths"][path][method]["responses"]}
     assert {"200", "400", "401", "403", "404", "409", "413", "429"} <= statuses
     assert set(SPEC["paths"][CREATE[0]]["post"]["responses"]) >= {"400", "401", "403", "404", "413", "429"}

@@ -23,6 +23,8 @@ from freeinference_batch.core import aws
 from freeinference_batch.core.errors import ApiError, MethodNotAllowed, NotFound, ServiceUnavailable
 from freeinference_batch.core.observability import log_status_change, logger
 from freeinference_batch.core.settings import get_settings
+from freeinference_batch.files import operations as file_operations
+from freeinference_batch.files import uploads
 from freeinference_batch.webhooks import endpoints
 
 
@@ -203,6 +205,81 @@ def test_webhook_endpoint(endpoint_id: str) -> Response:
 def list_webhook_event_types() -> Response:
     _principal()
     return _json(200, endpoints.event_types())
+
+
+# ---- files and uploads (OpenAI's paths, so the openai package's client.files and client.uploads work) --
+
+
+# A content join's share of the call's time: the rest answers (content.py).
+_JOIN_MARGIN_SECONDS = 4.0
+
+
+def _seconds_left() -> float:
+    context = app.lambda_context
+    remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else 29.0
+    return max(0.0, remaining - _JOIN_MARGIN_SECONDS)
+
+
+@app.post("/v1/files")
+def create_file() -> Response:
+    principal = _principal()
+    answer = file_operations.upload_file(get_settings(), principal, _raw_body(), _headers().get("content-type"))
+    logger.info("file created", extra={"file_id": answer["id"], "account_id": principal.account_id,
+                                       "bytes": answer["bytes"]})
+    return _json(200, answer)
+
+
+@app.get("/v1/files")
+def list_files() -> Response:
+    principal = _principal()
+    return _json(200, file_operations.list_files(get_settings(), principal, purpose=_query("purpose"),
+                                                 limit=_query("limit"), after=_query("after"), order=_query("order")))
+
+
+@app.get("/v1/files/<file_id>")
+def get_file(file_id: str) -> Response:
+    return _json(200, file_operations.get_file(get_settings(), _principal(), file_id))
+
+
+@app.delete("/v1/files/<file_id>")
+def delete_file(file_id: str) -> Response:
+    principal = _principal()
+    answer = file_operations.delete_file(get_settings(), principal, file_id)
+    logger.info("file deleted", extra={"file_id": file_id, "account_id": principal.account_id})
+    return _json(200, answer)
+
+
+@app.get("/v1/files/<file_id>/content")
+def get_file_content(file_id: str) -> Response:
+    # A redirect to a short-lived presigned GET: the content never passes through Lambda's 6 MB
+    # answer, and the SDK (httpx) drops Authorization when it follows it to S3's host.
+    url = file_operations.content_url(get_settings(), _principal(), file_id, _seconds_left())
+    return Response(status_code=307, headers={**_EVERY_ANSWER, "Location": url, "Cache-Control": "no-store"})
+
+
+@app.post("/v1/uploads")
+def create_upload() -> Response:
+    return _json(200, uploads.create_upload(get_settings(), _principal(), _raw_body()))
+
+
+@app.post("/v1/uploads/<upload_id>/parts")
+def add_upload_part(upload_id: str) -> Response:
+    principal = _principal()
+    return _json(200, uploads.add_part(get_settings(), principal, upload_id, _raw_body(),
+                                       _headers().get("content-type")))
+
+
+@app.post("/v1/uploads/<upload_id>/complete")
+def complete_upload(upload_id: str) -> Response:
+    principal = _principal()
+    answer = uploads.complete_upload(get_settings(), principal, upload_id, _raw_body(), _seconds_left())
+    logger.info("upload completed", extra={"upload_id": upload_id, "account_id": principal.account_id})
+    return _json(200, answer)
+
+
+@app.post("/v1/uploads/<upload_id>/cancel")
+def cancel_upload(upload_id: str) -> Response:
+    return _json(200, uploads.cancel_upload(get_settings(), _principal(), upload_id))
 
 
 @app.exception_handler(ApiError)

@@ -120,6 +120,22 @@ class Settings(BaseSettings):
     # The EventBridge bus every batch status change is put on.
     event_bus_name: str = Field("default", alias="EVENT_BUS_NAME")
 
+    # Files and uploads (files/: OpenAI's Files and Uploads APIs, purpose "batch"). The largest
+    # input file; what one files.create may carry (Lambda's 6 MB event holds the multipart body in
+    # base64: 4 MiB of file and its form fit, ~4.7 MB do not); how long an input file lives (its
+    # objects must go before the bucket's 9-day lifecycle backstop); an account's stored input
+    # files and their bytes; an upload's parts (the file's item names each part's object: 1,000
+    # keys of ~70 bytes stay far under DynamoDB's 400 KB item) and lifetime (OpenAI's hour); how
+    # long a content link may be started.
+    file_max_bytes: int = Field(200 * 1024 * 1024, alias="FILE_MAX_BYTES", ge=1)
+    file_create_max_bytes: int = Field(4 * 1024 * 1024, alias="FILE_CREATE_MAX_BYTES", ge=1, le=4 * 1024 * 1024)
+    file_lifetime_seconds: int = Field(7 * 24 * 3600, alias="FILE_LIFETIME_SECONDS", ge=3600, le=8 * 24 * 3600)
+    file_max_stored: int = Field(100, alias="FILE_MAX_STORED", ge=1)
+    file_max_stored_bytes: int = Field(5 * 1024**3, alias="FILE_MAX_STORED_BYTES", ge=1)
+    upload_max_parts: int = Field(1000, alias="UPLOAD_MAX_PARTS", ge=1, le=1000)
+    upload_lifetime_seconds: int = Field(3600, alias="UPLOAD_LIFETIME_SECONDS", ge=60)
+    file_url_seconds: int = Field(300, alias="FILE_URL_SECONDS", ge=1, le=3600)
+
     # Resources (the template passes these to every function; the local stack sets them too).
     batch_table_name: str = Field("freeinference-batch", alias="BATCH_TABLE_NAME")
     accounts_table_name: str = Field("freeinference-accounts", alias="ACCOUNTS_TABLE_NAME")

@@ -9,7 +9,7 @@ from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import RequestMessage, RequestStatus
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.ops import operator_status
-from freeinference_batch.store import files
+from freeinference_batch.store import files, uploads
 from freeinference_batch.store.batch_keys import OPEN_SHARD, PURGE_SHARD, batch_id_of
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
@@ -234,4 +234,14 @@ def purge(settings: Settings) -> dict:
         files.delete_batch_files(settings, batch_id)  # a file batch's output and error files: none else has
         table.purge(batch_id)
         purged += 1
-    return {"purged": purged}
+    return {"purged": purged, **expire_files(settings, now)}
+
+
+def expire_files(settings: Settings, now: float) -> dict:
+    """Input files past their `expires_at` deleted, their count and bytes given back to their
+    accounts (the caps stay true: DynamoDB's TTL is only a backstop); pending uploads past their
+    hour ended, their parts deleted."""
+    expired_files = files.purge_input_files(settings, now)
+    expired_uploads = sum(uploads.end(settings, record, "expired")
+                          for record in uploads.expired_uploads(settings, now))
+    return {"expired_files": expired_files, "expired_uploads": expired_uploads}

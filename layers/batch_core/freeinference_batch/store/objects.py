@@ -82,3 +82,21 @@ def delete_prefix_within(bucket: str, prefix: str, seconds: float) -> bool:
         for done in deletes:
             done.result()
     return complete
+
+
+# -- multipart uploads (an upload's parts joined into one object: files/content.py) --
+
+
+def start_multipart(bucket: str, key: str, **headers: str) -> str:
+    """CreateMultipartUpload; its upload id."""
+    return aws.s3().create_multipart_upload(Bucket=bucket, Key=key, **headers)["UploadId"]
+
+
+def put_part(bucket: str, key: str, upload_id: str, number: int, body: bytes) -> str:
+    """UploadPart (every part but the last at least 5 MiB, S3's rule); its ETag."""
+    return aws.s3().upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"]
+
+
+def complete_multipart(bucket: str, key: str, upload_id: str, etags: list[str]) -> None:
+    parts = [{"PartNumber": number, "ETag": etag} for number, etag in enumerate(etags, start=1)]
+    aws.s3().complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})

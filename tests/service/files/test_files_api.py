@@ -1,0 +1,176 @@
+"""The Files and Uploads APIs through the API handler on moto: shapes, ownership, limits, joins."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from freeinference_batch import accounts
+from freeinference_batch.core import aws
+from freeinference_batch.ops import schedules
+from freeinference_batch.store import files
+
+BOUNDARY = "----test-boundary"
+
+
+def form(**fields: bytes | tuple[str, bytes]) -> bytes:
+    out = b""
+    for name, value in fields.items():
+        if isinstance(value, tuple):
+            head = f'Content-Disposition: form-data; name="{name}"; filename="{value[0]}"\r\n' \
+                   "Content-Type: application/octet-stream"
+            data = value[1]
+        else:
+            head, data = f'Content-Disposition: form-data; name="{name}"', value
+        out += f"--{BOUNDARY}\r\n{head}\r\n\r\n".encode() + data + b"\r\n"
+    return out + f"--{BOUNDARY}--\r\n".encode()
+
+
+def post_form(harness, path: str, key: str | None = None, **fields) -> tuple[int, dict]:
+    return harness.call("POST", path, raw=form(**fields), key=key,
+                        headers={"content-type": f"multipart/form-data; boundary={BOUNDARY}"})
+
+
+def upload(harness, content: bytes, key: str | None = None) -> dict:
+    status, body = post_form(harness, "/v1/files", key, purpose=b"batch", file=("in.jsonl", content))
+    assert status == 200, body
+    return body
+
+
+def content_of(harness, file_id: str, key: str | None = None) -> bytes:
+    status, _ = harness.call("GET", f"/v1/files/{file_id}/content", key=key)
+    assert status == 307
+    location = harness.last_location
+    url = urlsplit(location)
+    bucket = harness.settings.payload_bucket_name
+    object_key = url.path[1:] if url.hostname.startswith(bucket) else url.path.split("/", 2)[-1]
+    assert "X-Amz-Signature" in parse_qs(urlsplit(location).query) or "Signature" in location
+    return aws.s3().get_object(Bucket=harness.settings.payload_bucket_name, Key=object_key)["Body"].read()
+
+
+@pytest.fixture
+def harness(harness, monkeypatch):
+    """The harness, keeping the Location of a redirect (its call answers the body only)."""
+    from freeinference_batch_local.api_gateway import integration
+
+    original = integration.http_response
+
+    def keep(result):
+        status, headers, body = original(result)
+        harness.last_location = dict(headers).get("location") or dict(headers).get("Location")
+        return status, headers, body
+
+    monkeypatch.setattr(integration, "http_response", keep)
+    return harness
+
+
+def test_a_file_is_uploaded_retrieved_listed_downloaded_and_deleted(harness) -> None:
+    content = b'{"custom_id":"a"}\n{"custom_id":"b"}\n'
+    made = upload(harness, content)
+    assert made["object"] == "file" and made["purpose"] == "batch" and made["status"] == "processed"
+    assert (made["bytes"], made["filename"]) == (len(content), "in.jsonl")
+    assert made["expires_at"] == made["created_at"] + harness.settings.file_lifetime_seconds
+    assert harness.call("GET", f"/v1/files/{made['id']}") == (200, made)
+    status, listed = harness.call("GET", "/v1/files?purpose=batch&limit=5")
+    assert status == 200 and [f["id"] for f in listed["data"]] == [made["id"]] and not listed["has_more"]
+    assert content_of(harness, made["id"]) == content
+    assert harness.call("DELETE", f"/v1/files/{made['id']}") == (200, {"id": made["id"], "object": "file",
+                                                                      "deleted": True})
+    assert harness.call("GET", f"/v1/files/{made['id']}/content")[0] == 404
+
+
+def test_another_accounts_file_is_not_found(harness) -> None:
+    made = upload(harness, b"{}\n")
+    other = accounts.create_key(harness.settings, "acct-2", tier="internal")
+    for method, path in (("GET", ""), ("GET", "/content"), ("DELETE", "")):
+        status, body = harness.call(method, f"/v1/files/{made['id']}{path}", key=other)
+        assert status == 404 and body["error"]["code"] == "not_found"
+    assert harness.call("GET", "/v1/files", key=other)[1]["data"] == []
+
+
+def test_only_purpose_batch_is_accepted(harness) -> None:
+    status, body = post_form(harness, "/v1/files", purpose=b"fine-tune", file=("in.jsonl", b"{}\n"))
+    assert status == 400 and body["error"]["param"] == "purpose" and "'batch'" in body["error"]["message"]
+
+
+def test_a_file_over_the_create_limit_is_a_413_naming_the_chunked_upload(harness) -> None:
+    harness.configure(FILE_CREATE_MAX_BYTES=1000)
+    status, body = post_form(harness, "/v1/files", purpose=b"batch", file=("in.jsonl", b"x" * 1001))
+    assert status == 413 and body["error"]["code"] == "payload_too_large"
+    assert "client.uploads.upload_file_chunked(" in body["error"]["message"]
+    assert "part_size=4 * 1024 * 1024" in body["error"]["message"]
+
+
+def test_uploading_needs_batch_access(harness) -> None:
+    outsider = accounts.create_key(harness.settings, "acct-3", tier="free")
+    assert post_form(harness, "/v1/files", outsider, purpose=b"batch", file=("a", b"{}"))[0] == 403
+    assert harness.call("POST", "/v1/uploads", {"filename": "a", "purpose": "batch", "bytes": 3,
+                                                "mime_type": "application/jsonl"}, key=outsider)[0] == 403
+    assert harness.call("GET", "/v1/files", key=outsider)[0] == 200
+
+
+def test_the_caps_hold_as_files_come_go_and_expire(harness) -> None:
+    harness.configure(FILE_MAX_STORED=2)
+    first = upload(harness, b"{}\n")
+    upload(harness, b"{}\n")
+    status, body = post_form(harness, "/v1/files", purpose=b"batch", file=("a", b"{}\n"))
+    assert status == 409 and body["error"]["code"] == "file_limit_reached"
+    harness.call("DELETE", f"/v1/files/{first['id']}")
+    upload(harness, b"{}\n")
+    harness.advance_clock(harness.settings.file_lifetime_seconds + 1)
+    assert harness.call("GET", "/v1/files")[1]["data"] == []
+    result = schedules.purge(harness.settings)
+    assert result["expired_files"] == 2
+    upload(harness, b"{}\n")
+    upload(harness, b"{}\n")
+
+
+def _chunked(harness, content: bytes, part_size: int, md5: str | None = None) -> tuple[int, dict]:
+    status, made = harness.call("POST", "/v1/uploads", {"filename": "big.jsonl", "purpose": "batch",
+                                                        "bytes": len(content), "mime_type": "application/jsonl"})
+    assert status == 200 and made["object"] == "upload" and made["status"] == "pending", made
+    part_ids = []
+    for start in range(0, len(content), part_size):
+        chunk = content[start : start + part_size]
+        status, part = post_form(harness, f"/v1/uploads/{made['id']}/parts", data=("blob", chunk))
+        assert status == 200 and part["object"] == "upload.part" and part["upload_id"] == made["id"], part
+        part_ids.append(part["id"])
+    body = {"part_ids": part_ids, **({"md5": md5} if md5 else {})}
+    return harness.call("POST", f"/v1/uploads/{made['id']}/complete", body)
+
+
+def test_an_upload_of_parts_completes_as_one_file_and_downloads_joined(harness) -> None:
+    lines = b"".join(b'{"custom_id":"%d","pad":"%s"}\n' % (n, os.urandom(300).hex().encode()) for n in range(20_000))
+    status, done = _chunked(harness, lines, 3 * 1024 * 1024, md5=hashlib.md5(lines).hexdigest())
+    assert status == 200, done
+    assert done["status"] == "completed" and done["file"]["bytes"] == len(lines)
+    record = files.get_file(harness.settings, "acct-1", done["file"]["id"])
+    assert len(record.objects) == -(-len(lines) // (3 * 1024 * 1024))
+    assert b"".join(line + b"\n" for line in files.iter_lines(harness.settings, record)) == lines
+    assert content_of(harness, done["file"]["id"]) == lines
+    assert files.get_file(harness.settings, "acct-1", done["file"]["id"]).objects == [
+        files.input_object_key(done["file"]["id"])]
+    assert content_of(harness, done["file"]["id"]) == lines  # joined once
+
+
+def test_an_upload_checks_bytes_and_md5(harness) -> None:
+    status, body = _chunked(harness, b"x" * 100, 40, md5="0" * 32)
+    assert status == 400 and body["error"]["param"] == "md5"
+    status, made = harness.call("POST", "/v1/uploads", {"filename": "a", "purpose": "batch", "bytes": 10,
+                                                        "mime_type": "application/jsonl"})
+    status, body = post_form(harness, f"/v1/uploads/{made['id']}/parts", data=("blob", b"x" * 11))
+    assert status == 400 and body["error"]["param"] == "data"
+    status, part = post_form(harness, f"/v1/uploads/{made['id']}/parts", data=("blob", b"x" * 4))
+    status, body = harness.call("POST", f"/v1/uploads/{made['id']}/complete", {"part_ids": [part["id"]]})
+    assert status == 400 and body["error"]["param"] == "bytes"
+    status, body = harness.call("POST", f"/v1/uploads/{made['id']}/cancel")
+    assert status == 200 and body["status"] == "cancelled"
+    status, body = harness.call("POST", f"/v1/uploads/{made['id']}/complete", {"part_ids": [part["id"]]})
+    assert status == 409 and body["error"]["code"] == "upload_not_pending"
+
+
+def test_an_unknown_method_of_a_files_path_is_405_with_allow(harness) -> None:
+    status, body = harness.call("PUT", "/v1/files")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"
