@@ -334,6 +334,35 @@ class BatchClient:
                 return
             after = page.last_id
 
+    def iter_file_lines(self, file_id: str) -> Iterator[dict[str, Any]]:
+        """The lines of a file's content (`GET /files/{file_id}/content`), as JSON, streamed: a batch
+        created from a file has its results there (`output_file_id`, `error_file_id`). The answer is
+        a redirect to a presigned S3 URL, which requests follows without the API key (it drops the
+        Authorization header on another host or port)."""
+        url = f"{self.base_url}/files/{_segment(file_id)}/content"
+        attempt = 0
+        while True:
+            try:
+                response = self.session.request("GET", url, headers=self._headers, timeout=self.timeout, stream=True)
+            except requests.RequestException as error:
+                if attempt < self.max_retries:
+                    self._sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                raise BatchConnectionError(f"GET {url}: {error}") from error
+            if response.status_code < 400:
+                break
+            error = api_error_from_response(response)
+            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                self._sleep(self._backoff(attempt, error.retry_after))
+                attempt += 1
+                continue
+            raise error
+        with response:
+            for line in response.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+
     def wait(
         self,
         batch_id: str,
