@@ -39,6 +39,7 @@ from typing import Any
 
 import requests
 
+from freeinference_batch_client.encoding import encode_json, path_segment
 from freeinference_batch_client.errors import (
     BatchApiError,
     BatchClientError,
@@ -61,6 +62,7 @@ from freeinference_batch_client.models import (
     WebhookEndpoint,
     WebhookTestResult,
 )
+from freeinference_batch_client.webhook_endpoints import WEBHOOK_EVENT_TYPES, WebhookEndpoints
 
 # What users import from here: the client, and the errors it raises and the models it answers
 # with (defined in errors.py and models.py).
@@ -82,7 +84,6 @@ GZIP_THRESHOLD_BYTES = 1024 * 1024
 FILE_CREATE_MAX_BYTES = 4 * 1024 * 1024
 UPLOAD_PART_BYTES = 4 * 1024 * 1024
 # The webhook event types the service sends: one per final status.
-WEBHOOK_EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # A Retry-After longer than this is not waited for: the error is raised at once.
 MAX_RETRY_AFTER_SECONDS = 120.0
@@ -96,11 +97,6 @@ except Exception:  # pragma: no cover - not installed as a distribution
 
 
 # ---- encoding -------------------------------------------------------------------------------
-
-
-def encode_json(value: Any) -> bytes:
-    """Compact UTF-8 JSON, the encoding the client sends (and the CLI measures batches with)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def encode_create_body(requests_: Sequence[Mapping[str, Any]], metadata: Mapping[str, str] | None = None) -> bytes:
@@ -262,10 +258,10 @@ class BatchClient:
         part_ids = []
         for start in range(0, len(content), UPLOAD_PART_BYTES):
             body, content_type = _multipart("data", filename, content[start:start + UPLOAD_PART_BYTES])
-            part = self._request("POST", f"/uploads/{_segment(upload['id'])}/parts", data=body,
+            part = self._request("POST", f"/uploads/{path_segment(upload['id'])}/parts", data=body,
                                  headers={"Content-Type": content_type}, idempotent=False)
             part_ids.append(part["id"])
-        done = self._request("POST", f"/uploads/{_segment(upload['id'])}/complete",
+        done = self._request("POST", f"/uploads/{path_segment(upload['id'])}/complete",
                              data=encode_json({"part_ids": part_ids, "md5": hashlib.md5(content).hexdigest()}),
                              headers=json_type, idempotent=False)
         return str(done["file"]["id"])
@@ -293,12 +289,12 @@ class BatchClient:
         if metadata is not None:
             document["metadata"] = dict(metadata)
         headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
-        return Batch.model_validate(self._request("POST", f"/batches/{_segment(batch_id)}/retry",
+        return Batch.model_validate(self._request("POST", f"/batches/{path_segment(batch_id)}/retry",
                                                   data=encode_json(document), headers=headers, idempotent=True))
 
     def retrieve(self, batch_id: str) -> Batch:
         """GET /batches/{batch_id}."""
-        return Batch.model_validate(self._get(f"/batches/{_segment(batch_id)}"))
+        return Batch.model_validate(self._get(f"/batches/{path_segment(batch_id)}"))
 
     def list(self, limit: int | None = None, after: str | None = None) -> Page[Batch]:
         """GET /batches: one page of your batches, newest first (limit 1-100, default 20)."""
@@ -316,11 +312,13 @@ class BatchClient:
 
     def cancel(self, batch_id: str) -> Batch:
         """POST /batches/{batch_id}/cancel (a finished batch comes back unchanged)."""
-        return Batch.model_validate(self._request("POST", f"/batches/{_segment(batch_id)}/cancel", idempotent=False))
+        path = f"/batches/{path_segment(batch_id)}/cancel"
+        return Batch.model_validate(self._request("POST", path, idempotent=False))
 
     def delete(self, batch_id: str) -> DeletedBatch:
         """DELETE /batches/{batch_id}: the batch with its results (409 while a request runs)."""
-        return DeletedBatch.model_validate(self._request("DELETE", f"/batches/{_segment(batch_id)}", idempotent=False))
+        path = f"/batches/{path_segment(batch_id)}"
+        return DeletedBatch.model_validate(self._request("DELETE", path, idempotent=False))
 
     def results(self, batch_id: str, limit: int | None = None, after: str | None = None) -> Page[ResultLine]:
         """GET /batches/{batch_id}/results: one page (limit 1-1000, default 100), in submission order.
@@ -328,7 +326,7 @@ class BatchClient:
         A page may hold fewer than `limit` lines (pages are bounded in bytes too). A body too big
         for any page comes as a link, which this fetches: every completed line carries `body`."""
         page = Page[ResultLine].model_validate(
-            self._get(f"/batches/{_segment(batch_id)}/results", {"limit": limit, "after": after})
+            self._get(f"/batches/{path_segment(batch_id)}/results", {"limit": limit, "after": after})
         )
         for line in page.data:
             if line.response is not None and line.response.body is None and line.response.body_url:
@@ -374,6 +372,35 @@ class BatchClient:
                 return
             after = page.last_id
 
+    def iter_file_lines(self, file_id: str) -> Iterator[dict[str, Any]]:
+        """The lines of a file's content (`GET /files/{file_id}/content`), as JSON, streamed: a batch
+        created from a file has its results there (`output_file_id`, `error_file_id`). The answer is
+        a redirect to a presigned S3 URL, which requests follows without the API key (it drops the
+        Authorization header on another host or port)."""
+        url = f"{self.base_url}/files/{path_segment(file_id)}/content"
+        attempt = 0
+        while True:
+            try:
+                response = self.session.request("GET", url, headers=self._headers, timeout=self.timeout, stream=True)
+            except requests.RequestException as error:
+                if attempt < self.max_retries:
+                    self._sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                raise BatchConnectionError(f"GET {url}: {error}") from error
+            if response.status_code < 400:
+                break
+            error = api_error_from_response(response)
+            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                self._sleep(self._backoff(attempt, error.retry_after))
+                attempt += 1
+                continue
+            raise error
+        with response:
+            for line in response.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+
     def wait(
         self,
         batch_id: str,
@@ -398,81 +425,6 @@ class BatchClient:
             if deadline is not None:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             self._sleep(pause)
-
-
-class WebhookEndpoints:
-    """The webhook-endpoint routes (`client.webhooks`), named as the OpenAI SDK's `client.webhooks`.
-
-    Reads are retried like the batch reads; create, update, delete, rotate_secret and test are
-    retried only when the request certainly never reached the server: none is safe to repeat
-    (a second create is a second endpoint, a second rotate another secret, a second test another
-    delivery)."""
-
-    def __init__(self, client: BatchClient) -> None:
-        self._client = client
-
-    def _write(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        data = encode_json(body) if body is not None else None
-        headers = {"Content-Type": "application/json"} if body is not None else None
-        return self._client._request(method, path, data=data, headers=headers, idempotent=False)
-
-    def create(self, url: str, name: str, event_types: Sequence[str] = WEBHOOK_EVENT_TYPES) -> WebhookEndpoint:
-        """POST /webhook_endpoints: its answer holds `signing_secret`, which no later call shows."""
-        return WebhookEndpoint.model_validate(self._write("POST", "/webhook_endpoints", {
-            "url": url, "name": name, "event_types": list(event_types)}))
-
-    def retrieve(self, endpoint_id: str) -> WebhookEndpoint:
-        return WebhookEndpoint.model_validate(self._client._get(f"/webhook_endpoints/{_segment(endpoint_id)}"))
-
-    def list(self, limit: int | None = None, after: str | None = None) -> Page[WebhookEndpoint]:
-        """GET /webhook_endpoints: one page, oldest first (limit 1-100, default 20)."""
-        return Page[WebhookEndpoint].model_validate(
-            self._client._get("/webhook_endpoints", {"limit": limit, "after": after}))
-
-    def iter(self, page_size: int = 100) -> Iterator[WebhookEndpoint]:
-        """Every endpoint of yours, paging as needed."""
-        after = None
-        while True:
-            page = self.list(limit=page_size, after=after)
-            yield from page.data
-            if not page.has_more or not page.last_id:
-                return
-            after = page.last_id
-
-    def update(self, endpoint_id: str, *, url: str | None = None, name: str | None = None,
-               event_types: Sequence[str] | None = None) -> WebhookEndpoint:
-        """POST /webhook_endpoints/{id}: only the fields given change."""
-        body = {k: v for k, v in {"url": url, "name": name,
-                                  "event_types": list(event_types) if event_types is not None else None}.items()
-                if v is not None}
-        return WebhookEndpoint.model_validate(self._write("POST", f"/webhook_endpoints/{_segment(endpoint_id)}", body))
-
-    def delete(self, endpoint_id: str) -> DeletedWebhookEndpoint:
-        """DELETE /webhook_endpoints/{id}: its pending deliveries stop too."""
-        return DeletedWebhookEndpoint.model_validate(
-            self._write("DELETE", f"/webhook_endpoints/{_segment(endpoint_id)}"))
-
-    def rotate_secret(self, endpoint_id: str, *, keep_old_secret_active_for_24_hours: bool = False) -> WebhookEndpoint:
-        """A new signing secret (in the answer only); the old one also signs for 24 h if asked."""
-        return WebhookEndpoint.model_validate(self._write(
-            "POST", f"/webhook_endpoints/{_segment(endpoint_id)}/rotate_secret",
-            {"keep_old_secret_active_for_24_hours": keep_old_secret_active_for_24_hours}))
-
-    def test(self, endpoint_id: str, event_type: str = "batch.completed") -> WebhookTestResult:
-        """One signed test delivery now: what the receiver answered."""
-        return WebhookTestResult.model_validate(self._write(
-            "POST", f"/webhook_endpoints/{_segment(endpoint_id)}/test", {"event_type": event_type}))
-
-    def event_types(self) -> list[str]:
-        """GET /webhook_event_types."""
-        return list(self._client._get("/webhook_event_types")["data"])
-
-
-def _segment(batch_id: str) -> str:
-    """A batch id as one path segment (the API answers 404 for ids that are not batch ids)."""
-    if not batch_id:
-        raise ValueError("batch_id must be a non-empty string")
-    return requests.utils.quote(batch_id, safe="")
 
 
 def _multipart(name: str, filename: str, content: bytes, **fields: str) -> tuple[bytes, str]:

@@ -18,8 +18,9 @@ from typing import Any
 
 from freeinference_batch_client.models import Batch
 
-# Neither runs its requests any further: a cancelling batch's unstarted requests never start.
-NOT_RUNNING = frozenset({"completed", "failed", "expired", "cancelled", "cancelling"})
+# Neither runs its requests any further: a cancelling batch's unstarted requests never start, a
+# finalizing one (created from a file) has them all finished.
+NOT_RUNNING = frozenset({"completed", "failed", "expired", "cancelled", "cancelling", "finalizing"})
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""Batch jobs function: one step of a batch's background job per SQS message (batches/jobs.py)."""
+"""Batch jobs function: one step of a batch's background job per SQS message (batches/jobs.py, job_steps.py)."""
 
 import time
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from freeinference_batch.batches import jobs
+from freeinference_batch.batches import job_steps
 from freeinference_batch.core.observability import logger, metrics, tracer
 from freeinference_batch.core.schemas import BatchJob
 from freeinference_batch.core.settings import get_settings
@@ -24,7 +24,7 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
         try:
             job = BatchJob.model_validate_json(record["body"])
             deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000 - STEP_MARGIN_SECONDS
-            done = jobs.run_step(get_settings(), job, deadline)
+            done = job_steps.run_step(get_settings(), job, deadline)
             logger.info("batch job step", extra={"kind": job.kind, "batch_id": job.batch_id, "done": done})
         except Exception:
             logger.exception("batch job step failed", extra={"message_id": record["messageId"]})

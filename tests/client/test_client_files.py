@@ -15,7 +15,7 @@ from freeinference_batch_client.client import BatchClient
 
 from tests.client.helpers import response
 from tests.conftest import sample_request
-from tests.service.batches.file_batch_helpers import line_of, run_jobs
+from tests.service.batches.file_batch_helpers import line_of, run_file_batch_to_final
 
 
 class HarnessSession:
@@ -56,7 +56,6 @@ def test_an_input_file_uploaded_then_a_batch_created_from_it_runs(harness, clien
     batch = client.create_from_file(file_id, metadata={"job": "j-1"}, idempotency_key="k-1")
     assert batch.status == "validating" and batch.input_file_id == file_id and batch.metadata == {"job": "j-1"}
     assert client.create_from_file(file_id, metadata={"job": "j-1"}, idempotency_key="k-1").id == batch.id
-    run_jobs(harness)
-    final = harness.run_to_final(batch.id)
+    final = run_file_batch_to_final(harness, batch.id)
     assert final["status"] == "completed" and final["request_counts"]["total"] == 3
     assert [json.loads(line)["custom_id"] for line in lines] == [r["custom_id"] for r in harness.results(batch.id)]

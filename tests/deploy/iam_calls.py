@@ -30,6 +30,7 @@ ACTIONS = {
     ("s3", "UploadPart"): "s3:PutObject",
     ("s3", "CompleteMultipartUpload"): "s3:PutObject",
     ("s3", "ListObjectsV2"): "s3:ListBucket",
+    ("s3", "ListParts"): "s3:ListMultipartUploadParts",
     ("sqs", "SendMessage"): "sqs:SendMessage",
     ("sqs", "SendMessageBatch"): "sqs:SendMessage",
     ("sqs", "ChangeMessageVisibility"): "sqs:ChangeMessageVisibility",

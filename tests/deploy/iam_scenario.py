@@ -28,6 +28,7 @@ from freeinference_batch_local.triggers.sqs import failed_message_ids, sqs_recor
 from tests.conftest import sample_request
 from tests.deploy.iam_calls import Recorder
 from tests.deploy.iam_grants import queue_names
+from tests.service.batches.file_batches import create_file_batch
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "template.yaml"
@@ -189,15 +190,26 @@ def create_from_file(harness, lines: list[dict], *, upload: bool = False) -> dic
     return batch
 
 
-def run_jobs(harness, recorder: Recorder) -> None:
-    """Each message of the batch jobs queue through the jobs function, as its event source mapping."""
+def run_jobs(harness, recorder: Recorder, first_seconds: float = 900) -> None:
+    """The batch jobs queue's messages through the jobs function, one an invocation, until none is
+    left; the first invocation `first_seconds` long (60: a step out of time at once, which queues
+    the next)."""
     sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, AttributeNames=["All"]).get("Messages"):
+    seconds = first_seconds
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1).get("Messages", []):
         record = sqs_record(messages[0], arn)
-        answer = recorder.job_handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, 900))
+        answer = recorder.job_handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, seconds))
+        seconds = 900
         assert not failed_message_ids(answer, [record["messageId"]]), answer
         sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
+
+
+def lose_jobs(harness) -> None:
+    sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+        for message in messages:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
 
 
 class WorkerDied(BaseException):
@@ -309,38 +321,56 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     monkeypatch.setattr(upstream, "call", real_call)
     assert harness.run_to_final(lost["id"])["status"] == "completed"
 
-    # Batches from an input file: one checked and run (a body big enough for S3 among its lines),
-    # one whose bad lines fail it.
-    good = create_from_file(harness, [*requests("f"), sample_request("f-big-body", big_body)], upload=True)
+    # Batches from an input file (issue 32): one checked and run, whose output file is a multipart
+    # upload of two parts (answers of ~600 KB) and whose error file holds its failed request (a body
+    # big enough for S3 among its lines); one whose bad lines fail it; the first then deleted.
+    harness.configure(BATCH_FILES_PART_BYTES=5 * 1024 * 1024)
+    good = create_from_file(harness, [*(sample_request(f"f-{n}", "[sim:pad=300000]") for n in range(10)),
+                                      sample_request("f-fail", "[sim:status=400]"),
+                                      sample_request("f-big-body", big_body),
+                                      sample_request("f-other-model", model=MODELS[1])], upload=True)
     bad = create_from_file(harness, [sample_request("x-0", model="no-such-model")])
     run_jobs(harness, recorder)
-    assert harness.run_to_final(good["id"], timeout=90)["status"] == "completed"
     assert harness.batch(bad["id"])["status"] == "failed"
+    harness.run_until(lambda: harness.batch(good["id"])["status"] == "finalizing", timeout=90)
+    run_jobs(harness, recorder, first_seconds=60)
+    finished = harness.batch(good["id"])
+    assert finished["status"] == "completed" and finished["output_file_id"] and finished["error_file_id"]
+    status, _ = harness.call("DELETE", f"/v1/batches/{good['id']}")
+    assert status == 200
     # A check whose job was lost: the sweep sends it again once it has gone quiet.
     quiet = create_from_file(harness, [sample_request("z-0")])
-    sqs, jobs_url = aws.sqs(), harness.settings.batch_jobs_queue_url
-    for message in sqs.receive_message(QueueUrl=jobs_url, MaxNumberOfMessages=10)["Messages"]:
-        sqs.delete_message(QueueUrl=jobs_url, ReceiptHandle=message["ReceiptHandle"])
+    lose_jobs(harness)
     harness.advance_clock(schedules.CHECK_QUIET_SECONDS + 1)
     assert recorder.schedules["sweep_handler"]({}, context)["checks_resent"] == 1
     run_jobs(harness, recorder)
-    assert harness.run_to_final(quiet["id"])["status"] == "completed"
+    harness.run_until(lambda: harness.batch(quiet["id"])["status"] == "finalizing", timeout=90)
+    run_jobs(harness, recorder)
+    assert harness.batch(quiet["id"])["status"] == "completed"
 
     # A retry reads its parent's requests (the big body from S3) and stores them as a new batch.
     status, child = harness.call("POST", f"/v1/batches/{first['id']}/retry", {"statuses": ["completed"]})
     assert status == 200 and child["request_counts"]["total"] == 15, child
-    cancelled = harness.create([sample_request("c-0")])
+    # A file batch cancelled with nothing running: the API queues its files' job (lost here: the
+    # sweep sends it again once it has been quiet long enough, after the expiry below).
+    cancelled = {"id": create_file_batch(harness, [sample_request("c-0")])}
     for batch_id in (child["id"], cancelled["id"]):
         status, _ = harness.call("POST", f"/v1/batches/{batch_id}/cancel")
         assert status == 200
     status, _ = harness.call("DELETE", f"/v1/batches/{first['id']}")
     assert status == 200
 
+    lose_jobs(harness)
+    # Two batches expiring: one inline, one created from a file (the expiry queues its files' job)
     expiring = harness.create([sample_request("e-0"), sample_request("e-1", model=MODELS[1])])
+    expiring_file = create_file_batch(harness, [sample_request("e-0")])
     harness.advance_clock(harness.settings.batch_completion_window_seconds + 3700)
     recorder.schedules["expire_handler"]({}, context)
     recorder.schedules["sweep_handler"]({}, context)
+    run_jobs(harness, recorder)
     harness.run_until(lambda: harness.batch(expiring["id"])["status"] == "expired")
+    assert harness.batch(expiring_file)["status"] == "expired"
+    assert harness.batch(cancelled["id"])["status"] == "cancelled"
     recorder.schedules["purge_handler"]({}, context)  # the deleted batch goes at once
     harness.advance_clock(harness.settings.batch_retention_seconds + 60)
     recorder.schedules["purge_handler"]({}, context)

@@ -5,6 +5,7 @@ latest outcome), and `submit --wait / -o`."""
 from __future__ import annotations
 
 import contextlib
+import heapq
 import os
 import sys
 import time
@@ -78,8 +79,9 @@ def print_summary(batches: list[Batch]) -> None:
     echo_err(f"done: {completed} completed, {failed} failed, {total} total ({', '.join(statuses)})")
 
 
-def write_results(client: BatchClient, target: Target, output: Path, errors_path: Path | None) -> None:
-    write_lines((_result_dicts(client, batch_id) for batch_id in target.batch_ids), output, errors_path)
+def write_results(client: BatchClient, batches: list[Batch], output: Path, errors_path: Path | None) -> None:
+    """The results of these final batches (as last read), one after another."""
+    write_lines((_result_dicts(client, batch) for batch in batches), output, errors_path)
 
 
 def write_lines(sources: Iterable[Iterable[dict]], output: Path, errors_path: Path | None) -> None:
@@ -112,9 +114,21 @@ def write_lines(sources: Iterable[Iterable[dict]], output: Path, errors_path: Pa
         echo_err(f"wrote {ok + bad} lines to {output} ({ok} succeeded, {bad} did not)")
 
 
-def _result_dicts(client: BatchClient, batch_id: str) -> Iterator[dict]:
-    for line in client.iter_results(batch_id):
-        yield line.model_dump(mode="json")
+def _result_dicts(client: BatchClient, batch: Batch) -> Iterator[dict]:
+    """A batch's results in submission order: a batch created from a file (issue 32), from its
+    output and error files (merged back into input order by their ids); any other, from its pages."""
+    if batch.input_file_id is None or not (batch.output_file_id or batch.error_file_id):
+        for line in client.iter_results(batch.id):
+            yield line.model_dump(mode="json")
+        return
+    sources = [client.iter_file_lines(file_id) for file_id in (batch.output_file_id, batch.error_file_id) if file_id]
+    for line in heapq.merge(*sources, key=_position):
+        # A file's line, with the status that routes it (openai_files.output_line gives it back as it is)
+        yield {**line, "status": "completed" if line.get("response") else "failed"}
+
+
+def _position(line: dict) -> int:
+    return int(str(line["id"]).removeprefix("batch_req_"))
 
 
 def write_merged(client: BatchClient, job: Target, output: Path, errors_path: Path | None) -> None:
@@ -155,14 +169,14 @@ def results(target: str, output: Path, errors_path: Path | None, wait: bool, mer
     client = make_client()
     job.check_base_url(client)
     if wait:
-        wait_with_progress(client, job, poll_interval)
+        batches = wait_with_progress(client, job, poll_interval)
     else:
-        unfinished = [batch for batch in (client.retrieve(batch_id) for batch_id in job.batch_ids)
-                      if not batch.is_final]
+        batches = [client.retrieve(batch_id) for batch_id in job.batch_ids]
+        unfinished = [batch for batch in batches if not batch.is_final]
         if unfinished:
             listed = "; ".join(f"{batch.id} is {batch.status} ({describe_counts(batch)})" for batch in unfinished)
             raise click.ClickException(f"not finished yet: {listed}. Pass --wait to wait for it")
     if merged:
         write_merged(client, job, output, errors_path)
     else:
-        write_results(client, job, output, errors_path)
+        write_results(client, batches, output, errors_path)

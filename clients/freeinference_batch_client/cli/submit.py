@@ -150,7 +150,7 @@ def submit(
         final = wait_with_progress(client, target, poll_interval)
         print_summary(final)
         if output is not None:
-            write_results(client, target, output, errors_path)
+            write_results(client, final, output, errors_path)
 
 
 def _load_manifest(path: Path) -> Manifest:

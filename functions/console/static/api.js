@@ -45,5 +45,17 @@ const ConsoleApi = (() => {
     return answer.json();
   }
 
-  return { ApiError, apiKey, keepKey, forgetKey, call, storedBody };
+  async function fileContent(fileId) {
+    // GET /v1/files/{id}/content answers a redirect to a presigned S3 URL, which fetch follows;
+    // across origins it drops the Authorization header, as the URL carries its own signature.
+    const response = await fetch(`${API}/files/${encodeURIComponent(fileId)}/content`, {
+      headers: { Authorization: `Bearer ${apiKey()}` },
+      credentials: "omit",
+      cache: "no-store",
+    });
+    if (!response.ok) throw new ApiError(response.status, `${response.status}: could not read file ${fileId}`);
+    return response.blob();
+  }
+
+  return { ApiError, apiKey, keepKey, forgetKey, call, storedBody, fileContent };
 })();

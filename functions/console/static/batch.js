@@ -4,7 +4,7 @@
 "use strict";
 
 const BatchPage = (() => {
-  const { ApiError, apiKey, call, storedBody } = ConsoleApi;
+  const { ApiError, apiKey, call, storedBody, fileContent } = ConsoleApi;
   const {
     FINAL, $, state, failed, element, cell, utc, timestamp, batchLink, statusBadge, cost, metadataList,
     showError, announce, refreshLater, confirmAction, showView,
@@ -110,6 +110,12 @@ const BatchPage = (() => {
       ["Metadata", metadataList(batch.metadata)],
       ["Retry of", batch.retry_of ? batchLink(batch.retry_of) : "—"],
     ];
+    if (batch.input_file_id) {
+      // A batch created from a file (issue 32): its input, and once it ends its output and error files.
+      rows.push(["Finalizing", timestamp(batch.finalizing_at)], ["Input file", fileLink(batch.input_file_id, "input")],
+        ["Output file", batch.output_file_id ? fileLink(batch.output_file_id, "output") : "—"],
+        ["Error file", batch.error_file_id ? fileLink(batch.error_file_id, "error") : "—"]);
+    }
     const children = [...state.retryOf].filter(([, parent]) => parent === batch.id).map(([child]) => child);
     if (children.length) {
       const list = element("ul", { className: "lineage" }, children.map((child) => element("li", {}, [batchLink(child)])));
@@ -119,13 +125,38 @@ const BatchPage = (() => {
       element("dt", { text: name }),
       value instanceof Node ? element("dd", {}, [value]) : element("dd", { text: value }),
     ]));
-    $("cancel").disabled = FINAL.has(batch.status) || batch.status === "cancelling";
+    $("cancel").disabled = FINAL.has(batch.status) || ["cancelling", "finalizing"].includes(batch.status);
     // `failed` counts the failed and the expired requests: the ones a retry takes by default.
     $("retry").hidden = !(FINAL.has(batch.status) && counts.failed > 0);
     $("retry").textContent = `Retry failed (${counts.failed})…`;
     $("download").disabled = false;
     $("delete").disabled = false;
     $("batch-view").setAttribute("aria-busy", "false");
+  }
+
+  // A file's id and a button that downloads its content (/v1/files/{id}/content).
+  function fileLink(fileId, kind) {
+    const button = element("button", { text: `Download ${kind} file`, attributes: { type: "button" } });
+    button.addEventListener("click", () => downloadFile(fileId, button));
+    return element("span", { className: "file" }, [element("code", { text: fileId }), " ", button]);
+  }
+
+  async function downloadFile(fileId, button) {
+    button.disabled = true;
+    announce(`Downloading ${fileId}…`);
+    try {
+      const file = await fileContent(fileId);
+      const link = element("a", { attributes: { href: URL.createObjectURL(file), download: `${fileId}.jsonl` } });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+      announce(`Downloaded ${fileId}.`);
+    } catch (error) {
+      failed(error);
+    } finally {
+      button.disabled = false;
+    }
   }
 
   function showLine(id, text) {

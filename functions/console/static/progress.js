@@ -15,7 +15,7 @@ const BatchProgress = (() => {
   const RECENT_MS = 5 * 60 * 1000;
   const MIN_RECENT_MS = 60 * 1000;
   // Neither runs its requests any further: a cancelling batch's unstarted requests never start.
-  const NOT_RUNNING = new Set(["completed", "failed", "expired", "cancelled", "cancelling"]);
+  const NOT_RUNNING = new Set(["completed", "failed", "expired", "cancelled", "cancelling", "finalizing"]);
 
   const finished = (batch) => batch.request_counts.completed + batch.request_counts.failed;
 

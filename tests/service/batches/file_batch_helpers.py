@@ -71,3 +71,17 @@ def run_jobs(harness, seconds: float = 900) -> int:
             else:
                 raise AssertionError(f"the job step failed: {message['Body']}")
     return ran
+
+
+
+def run_file_batch_to_final(harness, batch_id: str, timeout: float = 30.0) -> dict:
+    """Run a file batch's requests, and its jobs as they are queued (its output and error files
+    written, as the jobs function's poller would), until it is final: the batch as final."""
+    final = ("completed", "failed", "expired", "cancelled")
+
+    def ended() -> bool:
+        run_jobs(harness)
+        return harness.batch(batch_id)["status"] in final
+
+    harness.run_until(ended, timeout)
+    return harness.batch(batch_id)

@@ -21,6 +21,7 @@ from tests.service.batches.file_batch_helpers import (
     input_file,
     job_messages,
     line_of,
+    run_file_batch_to_final,
     run_jobs,
 )
 from tests.service.batches.retry_helpers import stored_requests
@@ -128,7 +129,7 @@ def test_a_good_file_is_stored_as_create_stores_it_and_runs(harness):
     # The same items an inline create of the same requests stores
     _, inline = harness.call("POST", "/v1/batches", {"requests": [json.loads(line) for line in lines]})
     assert stored_requests(harness, batch["id"]) == stored_requests(harness, inline["id"])
-    final = harness.run_to_final(batch["id"])
+    final = run_file_batch_to_final(harness, batch["id"])
     assert final["status"] == "completed" and final["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
     assert final["input_file_id"] == record.id and final["errors"] is None
     assert [r["custom_id"] for r in harness.results(batch["id"])] == [f"q-{i}" for i in range(5)]
@@ -229,7 +230,7 @@ def test_a_check_that_dies_midway_runs_again_and_stores_it_whole(harness, monkey
     assert file_batches.validate(harness.settings, batch["id"], float("inf"))
     # Then the batch holds every request once and runs to the end
     assert [r[0] for r in stored_requests(harness, batch["id"])] == [f"q-{i}" for i in range(40)]
-    final = harness.run_to_final(batch["id"], timeout=60)
+    final = run_file_batch_to_final(harness, batch["id"], timeout=60)
     assert final["request_counts"] == {"total": 40, "completed": 40, "failed": 0}
 
 
@@ -251,7 +252,7 @@ def test_the_schedules_never_complete_an_unchecked_batch(harness):
     run_schedule("expire")
     assert harness.batch(batch["id"])["status"] == "validating"
     run_jobs(harness)
-    assert harness.run_to_final(batch["id"])["status"] == "completed"
+    assert run_file_batch_to_final(harness, batch["id"])["status"] == "completed"
 
 
 def test_an_unchecked_batch_whose_window_closes_expires(harness):
@@ -268,11 +269,11 @@ def test_a_retry_of_a_file_batch_is_a_file_batch(harness):
     lines = [line_of(sample_request("q-0")), line_of(sample_request("q-1"))]
     _, batch = create_from(harness, (record := input_file(harness, lines)).id)
     run_jobs(harness)
-    harness.run_to_final(batch["id"])
+    run_file_batch_to_final(harness, batch["id"])
     status, child = harness.call("POST", f"/v1/batches/{batch['id']}/retry", {"statuses": ["completed"]})
     assert status == 200, child
     assert child["input_file_id"] == record.id and child["request_counts"]["total"] == 2
-    assert harness.run_to_final(child["id"])["status"] == "completed"
+    assert run_file_batch_to_final(harness, child["id"])["status"] == "completed"
 
 
 def test_a_check_whose_job_was_lost_is_sent_again_by_the_sweep_once_per_quiet_period(harness):

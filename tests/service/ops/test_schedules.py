@@ -131,12 +131,12 @@ def test_sweep_handler_resends_lost_messages_once_their_dispatch_lease_runs_out(
     assert lose_messages(harness) == 4
     # While the dispatch leases last, the sweep leaves the chains alone
     assert run_schedule("sweep") == {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0,
-                                     "checks_resent": 0}
+                                     "checks_resent": 0, "files_resent": 0}
     assert visible_messages(harness) == 0
     # When they have run out
     harness.advance_clock(harness.settings.batch_dispatch_lease_seconds + 1)
     assert run_schedule("sweep") == {"finalized": 0, "resent": 4, "recovered": 0, "interrupted": 0, "counted": 0,
-                                     "checks_resent": 0}
+                                     "checks_resent": 0, "files_resent": 0}
     # Then each chain has its message again, exactly once (a second sweep sends nothing more)
     assert visible_messages(harness) == 4
     assert run_schedule("sweep")["resent"] == 0
@@ -161,11 +161,11 @@ def test_sweep_handler_takes_back_a_request_whose_worker_died(harness):
     assert results_by_id(harness, batch["id"])["q-0"]["status"] == "running"
     # While its lease lasts, the sweep leaves it
     assert run_schedule("sweep") == {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0,
-                                     "checks_resent": 0}
+                                     "checks_resent": 0, "files_resent": 0}
     # When the leases have run out, the sweep takes it back and sends it again
     harness.advance_clock(harness.settings.batch_dispatch_lease_seconds + 6)
     assert run_schedule("sweep") == {"finalized": 0, "resent": 1, "recovered": 1, "interrupted": 0, "counted": 0,
-                                     "checks_resent": 0}
+                                     "checks_resent": 0, "files_resent": 0}
     assert results_by_id(harness, batch["id"])["q-0"]["status"] == "queued"
     # Then it runs once more and the batch completes with exact counts
     final = harness.run_to_final(batch["id"])
@@ -189,11 +189,11 @@ def test_sweep_handler_finalizes_a_batch_whose_last_request_settled_without_fina
     assert stuck["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     # When the sweep runs, then the batch is completed
     assert run_schedule("sweep") == {"finalized": 1, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0,
-                                     "checks_resent": 0}
+                                     "checks_resent": 0, "files_resent": 0}
     final = harness.batch(batch["id"])
     assert final["status"] == "completed" and final["completed_at"] is not None
     assert run_schedule("sweep") == {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0,
-                                     "checks_resent": 0}
+                                     "checks_resent": 0, "files_resent": 0}
 
 
 # ---- purge -----------------------------------------------------------------------------------

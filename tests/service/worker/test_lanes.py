@@ -71,7 +71,7 @@ def test_the_sweep_resends_a_moved_chain_from_its_own_item(harness, monkeypatch)
     # When the dispatch leases have run out and the sweep runs
     harness.advance_clock(harness.settings.batch_dispatch_lease_seconds + 5)
     assert run_schedule("sweep") == {"finalized": 0, "resent": WIDTH, "recovered": 0, "interrupted": 0, "counted": 0,
-                                     "checks_resent": 0}
+                                     "checks_resent": 0, "files_resent": 0}
     # Then chain 0 gets the message of where its item stands (request 4), the others their first
     assert sorted(position_of(m) for m in take_messages(harness)) == [1, 2, 3, 4]
 

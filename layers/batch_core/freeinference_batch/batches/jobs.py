@@ -1,8 +1,9 @@
 """A batch's background jobs: work too long for an API call or a worker's request, run by the
 batch jobs function from the batch jobs queue, one message a step.
 
-A job is resumable: each step does what fits in its invocation, keeps its progress in the
-batch's items, and answers whether the job is done. One that is not sends its next step as a
+This module sends jobs (the API, the worker and the schedules do); `job_steps.py` runs them
+(the jobs function). A job is resumable: each step does what fits in its invocation, keeps its
+progress in the batch's items, and answers whether the job is done. One that is not sends its next step as a
 new message, so a job of any length is a chain of invocations, none near its timeout, and a
 step that dies leaves its message to come back (SQS's visibility timeout) and start again from
 the progress last kept. A step run twice (SQS delivers at least once) finds its work done.
@@ -10,14 +11,9 @@ the progress last kept. A step run twice (SQS delivers at least once) finds its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from freeinference_batch.core.schemas import BatchJob
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import queues
-
-# A job's step: (settings, batch id, the monotonic deadline it must end by) -> whether the job is done.
-Step = Callable[[Settings, str, float], bool]
 
 
 def send(settings: Settings, job: BatchJob, delay_seconds: int = 0) -> None:
@@ -25,17 +21,3 @@ def send(settings: Settings, job: BatchJob, delay_seconds: int = 0) -> None:
     queues.send_messages(settings.batch_jobs_queue_url, [job.model_dump_json()], delay_seconds=delay_seconds,
                          attempts=3)
 
-
-def steps() -> dict[str, Step]:
-    """Each kind of job's step (imported here, not at the top: the API sends jobs and needs none of them)."""
-    from freeinference_batch.batches import file_batches
-
-    return {"validate": file_batches.validate}
-
-
-def run_step(settings: Settings, job: BatchJob, deadline: float) -> bool:
-    """Run one step of `job`; when the job is not done, its next step is queued. Answers whether it is done."""
-    done = steps()[job.kind](settings, job.batch_id, deadline)
-    if not done:
-        send(settings, job)
-    return done

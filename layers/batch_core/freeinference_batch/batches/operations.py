@@ -35,7 +35,7 @@ from freeinference_batch.core.schemas import (
 )
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.ops import schedules
-from freeinference_batch.store import batch_status, files, input_chunks
+from freeinference_batch.store import batch_files, batch_status, files, input_chunks
 from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import TransactionConflict, TransactionFailed, transact
@@ -356,10 +356,16 @@ def list_batches(settings: Settings, principal: Principal, limit: int, after: st
 def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dict:
     for _ in range(10):
         meta = owned_meta(settings, principal, batch_id)
+        if meta.ending is not None and meta.status != BatchStatus.CANCELLING:
+            raise writing_files(meta)
         if meta.status not in lifecycle.RUNNABLE:
             return views.batch_object(meta)  # finished or already cancelling: unchanged
         now = int(clock.now(settings.clock_offset_file))
-        if meta.running == 0:
+        if meta.running == 0 and lifecycle.writes_files(meta, BatchStatus.CANCELLED):
+            # A file batch: cancelling while its files are written, then cancelled (its job).
+            if lifecycle.end_with_files(settings, meta, BatchStatus.CANCELLED, now) is None:
+                continue
+        elif meta.running == 0:
             # The final transition, as try_finalize writes it (cancelling and cancelled at once).
             try:
                 transact(batch_status.finish(settings, meta, BatchStatus.CANCELLED, now))
@@ -378,6 +384,12 @@ def cancel_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
     raise busy("cancelling the batch")
 
 
+def writing_files(meta: BatchRecord) -> Conflict:
+    """A batch's files are being written (its end is decided): no cancel, no delete until it shows it."""
+    return Conflict(f"Batch {meta.id} is {meta.status}: its output and error files are being written as it "
+                    f"becomes {meta.ending}; try again once it is {meta.ending}", code="batch_finalizing")
+
+
 # Of the API's 29 s, what a delete spends deleting stored responses (about 10,000 a second).
 DELETE_RESPONSES_SECONDS = 15.0
 
@@ -394,6 +406,8 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
         schedules.take_back_dead_runs(settings, table, RunWrites(settings, table), meta, now, Counter(),
                                       resend=False)
         meta = owned_meta(settings, principal, batch_id)
+    if meta.ending is not None:
+        raise writing_files(meta)
     running = meta.running
     if running:
         raise Conflict(f"Batch {batch_id} is {meta.status} with {running} request{'s' if running != 1 else ''} "
@@ -415,6 +429,15 @@ def delete_batch(settings: Settings, principal: Principal, batch_id: str) -> dic
             logger.warning("deleted batch's responses left for the purge", extra={"batch_id": batch_id})
     except ClientError:  # the batch is deleted all the same: the purge deletes them
         logger.exception("could not delete a deleted batch's responses", extra={"batch_id": batch_id})
+    if meta.input_file_id is not None:
+        # Its output and error files go with it: their items (their content is a 404 at once), then
+        # their objects. Should either fail, the batch is deleted all the same: the purge, due at
+        # once, deletes them.
+        try:
+            files.delete_batch_files(settings, batch_id)
+            batch_files.delete_objects(settings, batch_id)
+        except ClientError:
+            logger.exception("could not delete a deleted batch's files", extra={"batch_id": batch_id})
     return DeletedBatch(id=batch_id).model_dump(mode="json")
 
 

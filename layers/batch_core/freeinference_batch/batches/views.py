@@ -74,6 +74,9 @@ def batch_object(meta: BatchRecord) -> dict[str, Any]:
         expired_at=meta.expired_at,
         cancelling_at=meta.cancelling_at,
         cancelled_at=meta.cancelled_at,
+        finalizing_at=meta.finalizing_at,
+        output_file_id=meta.output_file_id,
+        error_file_id=meta.error_file_id,
         retry_of=meta.retry_of,
         waiting=waiting(meta),
     )

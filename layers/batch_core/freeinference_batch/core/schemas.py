@@ -26,6 +26,9 @@ class BatchStatus(StrEnum):
 
     VALIDATING = "validating"
     IN_PROGRESS = "in_progress"
+    # A batch created from a file (issue 32) that completed, while its output and error files are
+    # written (batches/output_files.py); never an inline batch.
+    FINALIZING = "finalizing"
     COMPLETED = "completed"
     FAILED = "failed"
     EXPIRED = "expired"
@@ -38,7 +41,7 @@ class BatchStatus(StrEnum):
 
 # The statuses the spec gives a batch object: all but the stored-only ones.
 VisibleBatchStatus = Literal[
-    BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.COMPLETED, BatchStatus.FAILED,
+    BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.COMPLETED, BatchStatus.FAILED,
     BatchStatus.EXPIRED, BatchStatus.CANCELLING, BatchStatus.CANCELLED,
 ]
 FINAL_STATUSES: frozenset[BatchStatus] = frozenset(
@@ -241,12 +244,14 @@ class BatchObject(BaseModel):
     input_file_id: str | None = None
     completion_window: str
     status: VisibleBatchStatus
-    output_file_id: None = None
-    error_file_id: None = None
+    # A batch created from a file, once final: its successes and its failures as OpenAI's batch
+    # output lines (null when there are none, and always on an inline batch).
+    output_file_id: str | None = None
+    error_file_id: str | None = None
     created_at: int
     in_progress_at: int | None = None
     expires_at: int
-    finalizing_at: None = None
+    finalizing_at: int | None = None
     completed_at: int | None = None
     failed_at: int | None = None
     expired_at: int | None = None

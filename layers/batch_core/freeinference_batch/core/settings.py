@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     # A batch's background jobs (batches/jobs.py): checking a file batch's input, writing its
     # output and error files.
     batch_jobs_queue_url: str = Field("", alias="BATCH_JOBS_QUEUE_URL")
+    # A file batch's output and error files (batches/output_files.py): the size a multipart part
+    # is sent at (S3: at least 5 MiB but the last, 10,000 parts; 48 MiB x 10,000 = 468.75 GiB, over
+    # BATCH_MAX_REQUESTS x an 8 MiB answer), and how long its job may show no progress before the
+    # sweep sends it again (a step takes at most the jobs function's 900 s).
+    batch_files_part_bytes: int = Field(48 * 1024 * 1024, alias="BATCH_FILES_PART_BYTES", ge=5 * 1024 * 1024,
+                                        le=512 * 1024 * 1024)
+    batch_files_stall_seconds: int = Field(1800, alias="BATCH_FILES_STALL_SECONDS", ge=60)
     webhook_delivery_queue_url: str = Field("", alias="WEBHOOK_DELIVERY_QUEUE_URL")
     webhook_dead_letter_queue_url: str = Field("", alias="WEBHOOK_DEAD_LETTER_QUEUE_URL")
     # The local stack only: http:// and https:// to the literal hosts 127.0.0.1, ::1 and localhost

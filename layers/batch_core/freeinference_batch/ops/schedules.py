@@ -56,15 +56,21 @@ def _publish_gauges(settings: Settings, now: float) -> None:
 def sweep(settings: Settings) -> dict:
     """Finish what crashes leave behind: requests a dead run settled but did not count, requests
     whose worker died while running them, chains whose run died or whose message was lost, and
-    batches whose last request settled without finalizing them. Only chains whose dispatch lease
+    batches whose last request settled without finalizing them, file batches whose files' job went
+    quiet (its message lost, or dead-lettered). Only chains whose dispatch lease
     ran out are looked at: a live run renews it whenever it counts (store/runs.py)."""
     table = BatchTable(settings)
     writes = RunWrites(settings, table)
     now = clock.now(settings.clock_offset_file)
-    counts = {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0, "checks_resent": 0}
+    counts = {"finalized": 0, "resent": 0, "recovered": 0, "interrupted": 0, "counted": 0, "checks_resent": 0,
+              "files_resent": 0}
     for item in table.open_batches():
         meta = table.get_meta(batch_id_of(item))
         if meta is None or lifecycle.is_final(meta.status):
+            continue
+        if meta.ending is not None:
+            if lifecycle.revive_files_job(settings, meta, now):
+                counts["files_resent"] += 1
             continue
         if lifecycle.try_finalize(settings, meta, now):
             counts["finalized"] += 1
@@ -247,7 +253,9 @@ def purge(settings: Settings) -> dict:
     now = clock.now(settings.clock_offset_file)
     purged = 0
     for item in table.due("purge-index", PURGE_SHARD, "purge_at", now):
-        table.purge(batch_id_of(item))
+        batch_id = batch_id_of(item)
+        files.delete_batch_files(settings, batch_id)  # a file batch's output and error files: none else has
+        table.purge(batch_id)
         purged += 1
     return {"purged": purged, **expire_files(settings, now)}
 

@@ -65,6 +65,14 @@ class BatchRecord(BaseModel):
     check_sent_at: int | None = None
     # Why its file failed the checks (OpenAI's `{"object": "list", "data": [...]}`), set with failed.
     errors: dict[str, Any] | None = None
+    # A batch created from a file (`input_file_id`) ends through its output and error files
+    # (batches/output_files.py): `ending` is the final status it takes once they are written, set
+    # (with `ending_at`) by the write that stops it (batch_status.end_with_files) and removed by
+    # the final one, which also sets the files' ids (absent: none, as for an inline batch).
+    ending: BatchStatus | None = None
+    ending_at: int | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
     # Set when the owner lost the right to run it: no request starts, and the batch fails once
     # none runs; the same map then becomes `error`.
     failing: dict[str, Any] | None = None
@@ -77,6 +85,7 @@ class BatchRecord(BaseModel):
     # ---- timestamps (whole seconds), each written once when its step happens -------------------
     in_progress_at: int | None = None
     cancelling_at: int | None = None
+    finalizing_at: int | None = None
     completed_at: int | None = None
     failed_at: int | None = None
     expired_at: int | None = None

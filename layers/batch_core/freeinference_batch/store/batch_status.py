@@ -10,8 +10,12 @@
 | `wait` | unchanged, `waiting` set | a chain parks, none of the batch running (`worker/waiting.py`) |
 | `mark_failing` | unchanged, `failing` set | the owner lost the right to run it (`lifecycle.fail_batch`) |
 | `start_cancelling` | `validating` / `in_progress` -> `cancelling` | cancel while requests run (`cancel_batch`) |
-| `finish` | -> completed / failed / expired / cancelled | `try_finalize`; cancel (none runs); a failed file check |
+| `end_with_files` | -> `finalizing` (completing) / `cancelling`, else unchanged; `ending` set | a file batch's end |
+| `finish` | -> a final status | `try_finalize`; cancel (none runs); a failed check; `write_files` |
 | `delete` | any, none running -> `deleted` | delete (`batches/operations.py` `delete_batch`) |
+
+A file batch that ran ends by `end_with_files` (`lifecycle.try_finalize`, cancel), then `finish`
+with its files' ids, made by its `write_files` job (batches/output_files.py) once they are written.
 
 Each is conditional on the status its caller read (and on `running`): of two writers deciding
 from the same read, one wins. A write made alone answers the new record (None when its condition
@@ -40,7 +44,8 @@ from freeinference_batch.store.batch_record import BatchRecord
 from freeinference_batch.store.dynamo import apply_update, to_item, update_element, update_returning
 
 # The condition on a batch item for a request to start: the batch runs, and is not waiting to fail.
-STARTS_REQUESTS = "#status IN (:validating, :in_progress) AND attribute_not_exists(failing)"
+STARTS_REQUESTS = ("#status IN (:validating, :in_progress) AND attribute_not_exists(failing) "
+                   "AND attribute_not_exists(ending)")
 # TTL is a backstop only: it deletes a finished batch within days of its purge_at; reads stop at purge_at.
 TTL_AFTER_PURGE_SECONDS = 3 * 86400
 
@@ -145,7 +150,8 @@ def mark_failing(settings: Settings, batch_id: str, error: dict[str, Any]) -> Ba
     A batch that will not start another request is not waiting: `waiting` removed."""
     return record_of(update_returning(
         settings.batch_table_name, meta_key(batch_id), "SET failing = :error REMOVE waiting",
-        "#status IN (:validating, :in_progress)", names={"#status": "status"}, error=error,
+        "#status IN (:validating, :in_progress) AND attribute_not_exists(ending)", names={"#status": "status"},
+        error=error,
         validating=BatchStatus.VALIDATING, in_progress=BatchStatus.IN_PROGRESS,
     ))
 
@@ -160,8 +166,37 @@ def start_cancelling(settings: Settings, meta: BatchRecord, now: float) -> Batch
     ))
 
 
-def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float,
-           errors: dict[str, Any] | None = None) -> list[dict]:
+def end_with_files(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float) -> dict:
+    """A file batch reached `final`: its output and error files are written before it shows it
+    (`ending` = `final`, the `write_files` job's to finish). A completed one is `finalizing` meanwhile,
+    a cancelled one `cancelling` (already, or from now: cancel with none running), an expiring or
+    failing one keeps its status. Only from the status as read, with none running and not already
+    ending: so nothing of it starts or changes again, and its files are written from settled items.
+    The account's unfinished batch is kept until `finish` (a batch finalizing counts toward it)."""
+    at = int(now)
+    sets = ["ending = :final", "ending_at = :now"]
+    extra: dict[str, Any] = {}
+    if final == BatchStatus.COMPLETED:
+        sets += ["#status = :finalizing", "finalizing_at = :now"]
+        extra["finalizing"] = BatchStatus.FINALIZING
+    elif final == BatchStatus.CANCELLED and meta.status != BatchStatus.CANCELLING:
+        sets += ["#status = :cancelling", "cancelling_at = :now"]
+        extra["cancelling"] = BatchStatus.CANCELLING
+    return update_element(
+        settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE waiting",
+        "#status = :old AND running = :zero AND attribute_not_exists(ending)", names={"#status": "status"},
+        final=final, now=at, old=meta.status, zero=0, **extra,
+    )
+
+
+def retention(settings: Settings, now: float) -> tuple[int, int]:
+    """(purge_at, ttl) of a batch finishing now: what `finish` writes, and what its files' items take."""
+    purge_at = int(now) + settings.batch_retention_seconds
+    return purge_at, purge_at + TTL_AFTER_PURGE_SECONDS
+
+
+def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float, *,
+           errors: dict[str, Any] | None = None, files: tuple[str | None, str | None] | None = None) -> list[dict]:
     """-> `final` (completed, failed, expired or cancelled): only from the status as read and with
     none running, so a final batch's counts never change. It leaves the open index and joins the
     purge index, and is no longer `waiting`; a failed batch's `failing` becomes its `error`; a
@@ -169,36 +204,43 @@ def finish(settings: Settings, meta: BatchRecord, final: BatchStatus, now: float
     it, the account's unfinished batch given back: the account of `account_id`, the same as
     `owner`, which only a delete removes (and a deleted batch never finishes).
     `errors`: a file batch whose lines failed the checks (final is failed): only while it is
-    still unchecked, and it is then checked for good (a second run of the check changes nothing)."""
+    still unchecked, and it is then checked for good (a second run of the check changes nothing).
+    A file batch that ran (`meta.ending` is `final`) finishes only with `files`, its (output,
+    error) file ids (None: empty), set in this write; `ending` goes."""
     at = int(now)
     sets = ["#status = :final", f"{final}_at = :now", "finished_at = :now", "purge_shard = :purge_shard",
             "purge_at = :purge_at", "#ttl = :ttl"]
     names = {"#status": "status", "#ttl": "ttl"}
-    condition = "#status = :old AND running = :zero"
+    condition = "#status = :old AND running = :zero AND attribute_not_exists(ending)"
     named: dict[str, Any] = {}
-    removes = "open_shard, waiting"
+    removes = ["open_shard", "waiting"]
     if errors is not None:
         sets.append("#errors = :errors")
         names["#errors"] = "errors"
         named["errors"] = errors
         condition += " AND attribute_exists(unchecked)"
-        removes += ", unchecked"
+        removes.append("unchecked")
     elif final == BatchStatus.FAILED:
         sets.append("#error = failing")
         names["#error"] = "error"
     if final == BatchStatus.CANCELLED and meta.status != BatchStatus.CANCELLING:
         sets.append("cancelling_at = :now")
-    purge_at = at + settings.batch_retention_seconds
+    purge_at, ttl = retention(settings, now)
+    if files is not None:
+        condition = "#status = :old AND running = :zero AND ending = :final"
+        removes.append("ending")
+        for name, file_id in zip(("output_file_id", "error_file_id"), files, strict=True):
+            if file_id is not None:
+                sets.append(f"{name} = :{name}")
+                named[name] = file_id
     return [
         update_element(
-            settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE {removes}",
-            condition, names=names,
-            final=final, old=meta.status, zero=0, now=at, purge_shard=PURGE_SHARD, purge_at=purge_at,
-            ttl=purge_at + TTL_AFTER_PURGE_SECONDS, **named,
+            settings.batch_table_name, meta_key(meta.id), f"SET {', '.join(sets)} REMOVE {', '.join(removes)}",
+            condition, names=names, final=final, old=meta.status, zero=0, now=at, purge_shard=PURGE_SHARD,
+            purge_at=purge_at, ttl=ttl, **named,
         ),
         accounts_table.unfinished_decrement_element(settings, meta.account_id),
     ]
-
 
 def delete(settings: Settings, meta: BatchRecord, now: float) -> list[dict]:
     """-> deleted, from the status as read and with none running: out of the owner's list and the
@@ -209,7 +251,8 @@ def delete(settings: Settings, meta: BatchRecord, now: float) -> list[dict]:
         settings.batch_table_name, meta_key(meta.id),
         "SET #status = :deleted, deleted_at = :now, purge_shard = :purge, purge_at = :now "
         "REMOVE #owner, created_key, open_shard",
-        "#status = :old AND running = :zero", names={"#status": "status", "#owner": "owner"},
+        "#status = :old AND running = :zero AND attribute_not_exists(ending)",
+        names={"#status": "status", "#owner": "owner"},
         deleted=BatchStatus.DELETED, now=at, purge=PURGE_SHARD, old=meta.status, zero=0,
     )]
     if meta.status not in FINAL_STATUSES:

@@ -44,7 +44,8 @@ from freeinference_batch.store.webhook_endpoints import WebhookEndpoints
 EVENT_SOURCE = "freeinference.batch"
 DETAIL_TYPE = "Batch Status Change"
 WAITING_DETAIL_TYPE = "Batch Waiting Change"
-TOLD = frozenset({BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, *FINAL_STATUSES})
+# `finalizing` (a file batch's files being written) is put on the bus; webhooks stay the final four.
+TOLD = frozenset({BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING, *FINAL_STATUSES})
 
 
 def _meta_images(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:

@@ -1,0 +1,225 @@
+"""A file batch's output and error files on moto (issue 32): written by the `write_files` job while
+the batch is finalizing (cancelling, expiring), line by line what the results pages show, in OpenAI's
+output line shape; resumable, written once; null when empty; deleted with the batch. An inline
+batch never sees any of it."""
+
+from __future__ import annotations
+
+import pytest
+from freeinference_batch.batches import job_steps, output_files
+from freeinference_batch.core import aws
+from freeinference_batch.store import batch_files, files
+from freeinference_batch.store.batch_table import BatchTable
+
+from tests.conftest import sample_request
+from tests.service.batches.file_batches import (
+    FINAL,
+    create_file_batch,
+    expected_files,
+    file_lines,
+    pump_jobs,
+    run_until_status,
+)
+from tests.service.helpers import run_schedule
+
+pytestmark = pytest.mark.usefixtures("one_worker_thread")
+
+
+def mixed_requests(count: int) -> list[dict]:
+    """Every third request fails upstream (a 400 is not retried): both files have lines."""
+    return [sample_request(f"q-{i}", f"Question {i}" + (" [sim:status=400]" if i % 3 == 1 else ""))
+            for i in range(count)]
+
+
+def test_a_completed_file_batch_is_finalizing_until_its_files_are_written_then_completed(harness):
+    batch_id = create_file_batch(harness, mixed_requests(7))
+
+    # Every request settled: finalizing, not completed, until the job has written its files
+    finalizing = run_until_status(harness, batch_id, ("finalizing", *FINAL))
+    assert finalizing["status"] == "finalizing" and finalizing["finalizing_at"] is not None
+    assert finalizing["completed_at"] is None and finalizing["output_file_id"] is None
+
+    # Cancel and delete during it are refused, naming the status
+    for method, path in (("POST", f"/v1/batches/{batch_id}/cancel"), ("DELETE", f"/v1/batches/{batch_id}")):
+        status, body = harness.call(method, path)
+        assert status == 409 and "finalizing" in body["error"]["message"], body
+
+    assert pump_jobs(harness) == (1, 0)
+    final = harness.batch(batch_id)
+    assert final["status"] == "completed" and final["completed_at"] >= final["finalizing_at"]
+    assert final["request_counts"] == {"total": 7, "completed": 5, "failed": 2}
+    output, error = expected_files(harness.results(batch_id))
+    assert len(output) == 5 and len(error) == 2
+    assert file_lines(harness, final["output_file_id"]) == output
+    assert file_lines(harness, final["error_file_id"]) == error
+    assert final["output_file_id"] == files.batch_file_id(batch_id, "output")
+    progress = batch_files.get_progress(harness.settings, batch_id)
+    assert progress.output.done and progress.error.done
+
+
+def test_a_file_with_no_line_is_null(harness):
+    batch_id = create_file_batch(harness, [sample_request(f"q-{i}") for i in range(3)])
+    run_until_status(harness, batch_id, ("finalizing",))
+    pump_jobs(harness)
+    final = harness.batch(batch_id)
+    assert final["status"] == "completed" and final["error_file_id"] is None
+    assert len(file_lines(harness, final["output_file_id"])) == 3
+    assert files.get_file(harness.settings, "acct-1", files.batch_file_id(batch_id, "error")) is None
+
+
+def test_a_cancelled_file_batch_writes_its_files_while_cancelling(harness):
+    batch_id = create_file_batch(harness, [sample_request(f"q-{i}") for i in range(4)])
+    status, cancelling = harness.call("POST", f"/v1/batches/{batch_id}/cancel")
+    assert status == 200 and cancelling["status"] == "cancelling", cancelling
+    # Cancel again while its files are written: unchanged, as for any batch cancelling
+    assert harness.call("POST", f"/v1/batches/{batch_id}/cancel")[1]["status"] == "cancelling"
+    status, body = harness.call("DELETE", f"/v1/batches/{batch_id}")
+    assert status == 409 and "cancelling" in body["error"]["message"]
+
+    pump_jobs(harness)
+    final = harness.batch(batch_id)
+    assert final["status"] == "cancelled" and final["output_file_id"] is None
+    lines = file_lines(harness, final["error_file_id"])
+    assert lines == expected_files(harness.results(batch_id))[1]
+    assert [line["error"]["code"] for line in lines] == ["batch_cancelled"] * 4
+
+
+def test_an_expiring_file_batch_writes_its_files_before_it_shows_expired(harness):
+    batch_id = create_file_batch(harness, [sample_request(f"q-{i}") for i in range(3)])
+    harness.advance_clock(86400 + 5)
+    run_schedule("expire")
+    assert harness.batch(batch_id)["status"] == "validating"  # not expired until its files are there
+    status, body = harness.call("POST", f"/v1/batches/{batch_id}/cancel")
+    assert status == 409 and "validating" in body["error"]["message"], body
+
+    pump_jobs(harness)
+    final = harness.batch(batch_id)
+    assert final["status"] == "expired" and final["output_file_id"] is None
+    lines = file_lines(harness, final["error_file_id"])
+    assert lines == expected_files(harness.results(batch_id))[1]
+    assert {line["error"]["code"] for line in lines} == {"batch_expired"}
+
+
+def test_an_inline_batch_never_finalizes_and_has_no_files(harness):
+    batch = harness.create([sample_request("q-0")])
+    final = harness.run_to_final(batch["id"])
+    assert final["status"] == "completed"
+    assert (final["output_file_id"], final["error_file_id"], final["finalizing_at"]) == (None, None, None)
+    assert pump_jobs(harness) == (0, 0)
+
+
+def padded_requests(count: int, pad: int) -> list[dict]:
+    """Answers of about 2 x `pad` bytes each (the simulator pads with a two-byte character)."""
+    return [sample_request(f"q-{i}", f"Question {i} [sim:pad={pad}]") for i in range(count)]
+
+
+def test_a_step_that_dies_midway_resumes_keeping_the_parts_already_sent(harness, monkeypatch):
+    # Parts of S3's minimum, 5 MiB; 12 answers of ~1.2 MB: the output file is two parts and a last
+    harness.configure(BATCH_FILES_PART_BYTES=5 * 1024 * 1024)
+    batch_id = create_file_batch(harness, padded_requests(12, 600_000))
+    run_until_status(harness, batch_id, ("finalizing",))
+
+    sent: list[int] = []
+    real_upload_part = batch_files.upload_part
+
+    def upload_part(settings, batch_id, kind, upload_id, number, body):
+        if number == 2 and -2 not in sent:
+            sent.append(-2)
+            raise ConnectionError("the step died here")
+        sent.append(number)
+        return real_upload_part(settings, batch_id, kind, upload_id, number, body)
+
+    monkeypatch.setattr(batch_files, "upload_part", upload_part)
+    ran, failed = pump_jobs(harness)
+    assert (ran, failed) == (1, 1)
+    progress = batch_files.get_progress(harness.settings, batch_id)
+    assert progress.output.next_part == 2 and progress.output.upload_id and not progress.output.done
+    assert harness.batch(batch_id)["status"] == "finalizing"
+
+    assert pump_jobs(harness) == (1, 0)
+    assert sent == [1, -2, 2, 3]  # part 1 kept, not sent again
+    final = harness.batch(batch_id)
+    assert final["status"] == "completed"
+    output, _ = expected_files(harness.results(batch_id))
+    assert file_lines(harness, final["output_file_id"]) == output
+    assert files.get_file(harness.settings, "acct-1", final["output_file_id"]).bytes > 10 * 1024 * 1024
+
+
+def test_a_step_out_of_time_keeps_a_part_and_the_next_step_goes_on(harness, monkeypatch):
+    harness.configure(BATCH_FILES_PART_BYTES=8 * 1024 * 1024)
+    batch_id = create_file_batch(harness, padded_requests(9, 600_000))
+    run_until_status(harness, batch_id, ("finalizing",))
+
+    class Ticks:  # the step's clock: one tick a line read
+        now = 0
+
+        def monotonic(self) -> float:
+            self.now += 1
+            return self.now
+
+    monkeypatch.setattr(output_files, "time", Ticks())
+    steps = []
+    real = output_files.write_files
+
+    def write_files(settings, batch_id, deadline):
+        steps.append(batch_files.get_progress(settings, batch_id))
+        # The first step's deadline comes after 5 lines (~6 MB: less than a part, more than S3's minimum)
+        return real(settings, batch_id, 5 if len(steps) == 1 else float("inf"))
+
+    monkeypatch.setitem(job_steps.STEPS, "write_files", write_files)
+    assert pump_jobs(harness) == (2, 0)
+    assert steps[0] is None
+    assert (steps[1].output.next_part, steps[1].output.position) == (2, 5)  # kept as a part, then queued on
+    final = harness.batch(batch_id)
+    assert final["status"] == "completed"
+    assert file_lines(harness, final["output_file_id"]) == expected_files(harness.results(batch_id))[0]
+
+
+def test_a_step_run_again_writes_nothing_twice(harness, monkeypatch):
+    batch_id = create_file_batch(harness, mixed_requests(4))
+    run_until_status(harness, batch_id, ("finalizing",))
+    pump_jobs(harness)
+    final = harness.batch(batch_id)
+    before = (file_lines(harness, final["output_file_id"]), file_lines(harness, final["error_file_id"]))
+
+    writes: list[str] = []
+    s3 = aws.s3()
+    for name in ("put_object", "create_multipart_upload", "upload_part", "complete_multipart_upload"):
+        monkeypatch.setattr(s3, name, lambda *a, _name=name, **k: writes.append(_name))
+    # A duplicate delivery of the job, and a direct run: both find the batch final
+    assert output_files.write_files(harness.settings, batch_id, float("inf")) is True
+    assert writes == []
+    assert harness.batch(batch_id) == final
+    assert (file_lines(harness, final["output_file_id"]), file_lines(harness, final["error_file_id"])) == before
+
+
+def test_the_sweep_sends_again_a_job_that_went_quiet(harness):
+    batch_id = create_file_batch(harness, [sample_request("q-0")])
+    run_until_status(harness, batch_id, ("finalizing",))
+    sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
+    lost = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+    assert len(lost) == 1
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=lost[0]["ReceiptHandle"])
+
+    assert run_schedule("sweep")["files_resent"] == 0  # not quiet for long yet
+    harness.advance_clock(harness.settings.batch_files_stall_seconds + 1)
+    assert run_schedule("sweep")["files_resent"] == 1
+    assert run_schedule("sweep")["files_resent"] == 0  # touched: the next sweeps wait for it
+    pump_jobs(harness)
+    assert harness.batch(batch_id)["status"] == "completed"
+
+
+def test_deleting_a_file_batch_deletes_its_files(harness):
+    batch_id = create_file_batch(harness, mixed_requests(3))
+    run_until_status(harness, batch_id, ("finalizing",))
+    pump_jobs(harness)
+    final = harness.batch(batch_id)
+    assert final["output_file_id"] and final["error_file_id"]
+    status, _ = harness.call("DELETE", f"/v1/batches/{batch_id}")
+    assert status == 200
+    for file_id in (final["output_file_id"], final["error_file_id"]):
+        assert files.get_file(harness.settings, "acct-1", file_id) is None
+    listed = aws.s3().list_objects_v2(Bucket=harness.settings.payload_bucket_name, Prefix=f"{batch_id}/files/")
+    assert listed.get("KeyCount", 0) == 0
+    run_schedule("purge")
+    assert BatchTable(harness.settings).get_meta(batch_id) is None
