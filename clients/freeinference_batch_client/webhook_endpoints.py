@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from freeinference_batch_client.encoding import encode_json, path_segment
 from freeinference_batch_client.models import (
@@ -13,8 +13,14 @@ from freeinference_batch_client.models import (
     WebhookTestResult,
 )
 
-if TYPE_CHECKING:
-    from freeinference_batch_client.client import BatchClient
+
+class Transport(Protocol):
+    """What the endpoints need of `BatchClient` (named here, not imported: client.py imports this module)."""
+
+    def _request(self, method: str, path: str, *, data: bytes | None = ..., headers: Mapping[str, str] | None = ...,
+                 idempotent: bool) -> Any: ...
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any: ...
 
 WEBHOOK_EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 
@@ -27,7 +33,7 @@ class WebhookEndpoints:
     (a second create is a second endpoint, a second rotate another secret, a second test another
     delivery)."""
 
-    def __init__(self, client: BatchClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     def _write(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
