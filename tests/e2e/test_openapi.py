@@ -131,8 +131,9 @@ def test_the_batch_schema_names_every_field_of_the_spec():
     additions = ["retry_of", "waiting"]
     assert list(batch["properties"]) == spec_fields + additions
     assert batch["required"] == spec_fields + additions
+    # The spec's statuses, and `finalizing` (issue 32: batches created from a file only)
     assert batch["properties"]["status"]["enum"] == [
-        "validating", "in_progress", "completed", "failed", "expired", "cancelling", "cancelled",
+        "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled",
     ]
 
 
@@ -160,8 +161,8 @@ def test_the_schemas_have_teeth():
     broken = [
         {**batch, "waiting": {**waiting, "reason": "sleepy"}},
         {key: value for key, value in batch.items() if key != "waiting"},
-        {**batch, "status": "finalizing"},
-        {**batch, "input_file_id": "file-1"},
+        {**batch, "status": "finalizing-soon"},
+        {**batch, "input_file_id": 1},
         {**batch, "extra": 1},
         {key: value for key, value in batch.items() if key != "error"},
         {**batch, "request_counts": {"total": 2, "completed": 0}},
