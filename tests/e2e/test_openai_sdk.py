@@ -1,8 +1,8 @@
 """The OpenAI SDK against the local stack: `batches.retrieve`, `.list` and `.cancel` work, its
 errors map to the SDK's exceptions, and our batch object validates as the SDK's `Batch` model in
-every field but `input_file_id`.
+every field but `input_file_id` (null on an inline batch).
 
-(`batches.create` cannot work: it takes an uploaded file's id, and there is no file upload.)
+(`batches.create` with an uploaded file, and the files' calls: test_openai_file_flow.py.)
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def as_sdk_batch(ours: dict) -> Batch:
     """Our batch object as the SDK's `Batch`, strictly validated.
 
     `input_file_id` is the one field that cannot validate as it is: the SDK types it as a required
-    string (an OpenAI batch always has an uploaded input file), while our spec makes it always
-    null, since the requests travel inline in the create call and there is no file upload. It is
+    string (an OpenAI batch always has an uploaded input file), while our spec makes it null on
+    a batch created inline, whose requests travel in the create call (issue 32's batches created
+    from a file have it). It is
     set to a placeholder string for the validation; every other field validates as we send it.
     """
     with pytest.raises(pydantic.ValidationError) as caught:
