@@ -12,7 +12,7 @@ At the same time:
 - BATCH_FAULT_CRASH_RATE: at each of the worker's crash points a few runs die as a killed Lambda
   would (no cleanup, the message not deleted); short leases let the sweep take them back.
 
-1,400 requests in 4 batches of 2 accounts on 2 models: one batch is cancelled mid-run, one is
+1,100 requests in 4 batches of 2 accounts on 2 models: one batch is cancelled mid-run, one is
 deleted once it ends, and one create is sent twice with the same Idempotency-Key, as a client
 does whose answer was lost. Beside them a third account with a small daily quota runs into it:
 it is overrun by no more than its requests in flight, and charged exactly.
@@ -96,7 +96,7 @@ class CountingApi(Api):
 
 
 def _catalog(path: Path) -> Catalog:
-    """The packaged catalog with more batch slots per model, so 1,400 requests run in a few minutes."""
+    """The packaged catalog with more batch slots per model, so 1,100 requests run in a few minutes."""
     data = json.loads(load_catalog().model_dump_json())
     for model in data["models"].values():
         model["batch_concurrency"] = 16
@@ -178,9 +178,9 @@ def test_every_request_ends_once_with_exact_counts_and_cost_under_every_fault_at
     # When four batches run at once: one per account and model, one of both models to cancel
     # mid-run, and one created twice with the same Idempotency-Key (its first answer "lost")
     plan = {
-        "a": (first, _lines("a", 400, MODELS[:1])),
-        "b": (second, _lines("b", 400 - LARGE_REQUESTS, MODELS[1:]) + _large_lines("b", LARGE_REQUESTS, MODELS[1])),
-        "c": (first, _lines("c", 400, MODELS)),
+        "a": (first, _lines("a", 300, MODELS[:1])),
+        "b": (second, _lines("b", 300 - LARGE_REQUESTS, MODELS[1:]) + _large_lines("b", LARGE_REQUESTS, MODELS[1])),
+        "c": (first, _lines("c", 300, MODELS)),
         "d": (second, _lines("d", 200 - LARGE_REQUESTS, MODELS[:1]) + _large_lines("d", LARGE_REQUESTS, MODELS[0])),
     }
     batches: dict[str, dict] = {}

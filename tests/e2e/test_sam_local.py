@@ -145,7 +145,8 @@ def test_each_sample_event_runs_its_handler_against_the_running_stack(stack, res
             body = json.loads(answer["body"])
             expected = {"api-create-batch.json": 200, "api-list-batches.json": 200,
                         "api-create-webhook-endpoint.json": 200, "api-list-webhook-endpoints.json": 200,
-                        "api-list-webhook-event-types.json": 200,
+                        "api-list-webhook-event-types.json": 200, "api-create-file.json": 200,
+                        "api-list-files.json": 200, "api-create-upload.json": 200,
                         "api-method-not-allowed.json": 405}.get(name, 404)
             assert answer["statusCode"] == expected, (name, body)
             if expected == 405:
