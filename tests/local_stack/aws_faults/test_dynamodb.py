@@ -27,11 +27,12 @@ def test_throttling_refuses_a_share_of_the_calls_before_applying_them(moto):
     assert 60 <= len(throttled) <= 120  # 30% of 300
     assert all(stored(endpoint, name, n) is None for n in throttled)
     assert all(stored(endpoint, name, n) is not None for n in set(range(300)) - set(throttled))
-    # botocore retries them: with its 5 attempts a call almost always gets through
+    # botocore retries them: with its 5 attempts a call almost always gets through (50 calls meet
+    # about 21 throttles, each retried after a backoff: the test's time)
     retried = client("dynamodb", endpoint)
-    for n in range(300, 400):
+    for n in range(300, 350):
         retried.put_item(TableName=name, Item=key(n))
-    assert counts(endpoint)["dynamodb.throttle"] > len(throttled) + 20
+    assert counts(endpoint)["dynamodb.throttle"] > len(throttled) + 5
 
 
 def test_a_throttled_batch_write_leaves_some_items_unprocessed_and_unwritten(moto):
