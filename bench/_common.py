@@ -432,3 +432,37 @@ def verdict(ok: bool) -> str:
 
 def dumps(body: Any) -> bytes:
     return json.dumps(body).encode()
+
+
+def moto_environment() -> None:
+    """What moto in this process needs of the environment, set before the service's modules are
+    imported (Powertools reads its switches when they are)."""
+    os.environ.update(AWS_DEFAULT_REGION="us-east-1", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      POWERTOOLS_METRICS_DISABLED="true", POWERTOOLS_TRACE_DISABLED="true")
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        os.environ.pop(name, None)
+
+
+@contextlib.contextmanager
+def moto_service(template_path: Path | None = None) -> Iterator[Any]:
+    """The service's AWS resources, made from template.yaml in moto in this process (no stack, no
+    server), and its settings as its functions would read them. Yields the settings."""
+    import boto3
+
+    moto_environment()
+    from freeinference_batch.core import aws
+    from freeinference_batch.core.settings import get_settings
+    from freeinference_batch_local.cloudformation.resources import TemplateResources, template_environment
+    from freeinference_batch_local.cloudformation.template import load_template
+    from moto import mock_aws
+
+    template = load_template(template_path or REPO / "template.yaml")
+    with mock_aws():
+        aws.reset_clients()
+        resources = TemplateResources(template, {name: boto3.client(name)
+                                                 for name in ("dynamodb", "sqs", "s3", "secretsmanager")})
+        resources.create_all()
+        env, _ = template_environment(template, resources)
+        os.environ.update(env)
+        get_settings.cache_clear()
+        yield get_settings()

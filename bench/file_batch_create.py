@@ -29,10 +29,11 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import boto3
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import _common as c  # noqa: E402
 
 
 def line(index: int, size: int, rng: random.Random) -> bytes:
@@ -51,30 +52,13 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="measure the step's own memory with tracemalloc")
     args = parser.parse_args()
 
-    os.environ.update(AWS_DEFAULT_REGION="us-east-1", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                      POWERTOOLS_METRICS_DISABLED="true", POWERTOOLS_TRACE_DISABLED="true",
-                      POWERTOOLS_LOG_LEVEL="WARNING")
-    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
-        os.environ.pop(name, None)
+    os.environ["POWERTOOLS_LOG_LEVEL"] = "WARNING"
+    c.moto_environment()
     from freeinference_batch import accounts
     from freeinference_batch.batches import file_batches, operations
-    from freeinference_batch.core import aws
-    from freeinference_batch.core.settings import get_settings
     from freeinference_batch.store import files, objects
-    from freeinference_batch_local.cloudformation.resources import TemplateResources, template_environment
-    from freeinference_batch_local.cloudformation.template import load_template
-    from moto import mock_aws
 
-    with mock_aws():
-        aws.reset_clients()
-        template = load_template(REPO / "template.yaml")
-        clients = {name: boto3.client(name) for name in ("dynamodb", "sqs", "s3", "secretsmanager")}
-        resources = TemplateResources(template, clients)
-        resources.create_all()
-        env, _ = template_environment(template, resources)
-        os.environ.update(env)
-        get_settings.cache_clear()
-        settings = get_settings()
+    with c.moto_service() as settings:
         key = accounts.create_key(settings, "acct-bench", tier="internal", concurrency=16)
         principal = accounts.authenticate(settings, {"authorization": f"Bearer {key}"})
 

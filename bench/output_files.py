@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import sys
 import time
 import tracemalloc
 from pathlib import Path
-
-import boto3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,39 +34,23 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=50_000)
     parser.add_argument("--answer-bytes", type=int, default=1000)
     args = parser.parse_args()
-    for name, value in {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
-                        "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_METRICS_DISABLED": "true",
-                        "POWERTOOLS_TRACE_DISABLED": "true"}.items():
-        os.environ[name] = value
-    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
-        os.environ.pop(name, None)
+    c.moto_environment()
 
     from freeinference_batch import accounts
     from freeinference_batch.batches import job_steps, lifecycle
     from freeinference_batch.core import aws
     from freeinference_batch.core.schemas import BatchStatus
-    from freeinference_batch.core.settings import get_settings
     from freeinference_batch.store import batch_files
     from freeinference_batch.store.batch_keys import batch_pk, meta_key
     from freeinference_batch.store.batch_table import BatchTable
     from freeinference_batch.store.dynamo import batch_write, to_item
     from freeinference_batch_local.api_gateway.integration import build_event, invoke_integration
-    from freeinference_batch_local.cloudformation.resources import TemplateResources, template_environment
     from freeinference_batch_local.cloudformation.template import load_template
     from freeinference_batch_local.handlers import LambdaContext, load_handler
-    from moto import mock_aws
 
     template = load_template(c.REPO / "template.yaml")
     memory_mb = template["Resources"]["BatchJobsFunction"]["Properties"]["MemorySize"]
-    with mock_aws():
-        aws.reset_clients()
-        clients = {name: boto3.client(name) for name in ("dynamodb", "sqs", "s3", "secretsmanager")}
-        resources = TemplateResources(template, clients)
-        resources.create_all()
-        env, _ = template_environment(template, resources)
-        os.environ.update(env)
-        get_settings.cache_clear()
-        settings = get_settings()
+    with c.moto_service() as settings:
         key = accounts.create_key(settings, "acct-bench", tier="internal", concurrency=16)
         api = load_handler("api")
 
