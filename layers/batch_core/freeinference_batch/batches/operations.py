@@ -165,7 +165,7 @@ def create_from_file(settings: Settings, principal: Principal, body: CreateFileB
     meta = batch_status.new_meta(
         batch_id, account_id=principal.account_id, key_hash=principal.key_hash, created_at=created_at,
         window_seconds=window, total=0, metadata=body.metadata, id_base=0, chunk_starts=[], lane_widths={},
-        ttl=created_at + window + settings.batch_retention_seconds + 3 * 86400, input_file_id=record.id,
+        ttl=batch_status.created_ttl(settings, created_at), input_file_id=record.id,
         unchecked=True)
     elements = batch_status.create(settings, meta)
     answer = views.batch_object(BatchRecord.model_validate(meta))
@@ -198,7 +198,7 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
     created_at = int(now)
     batch_id = new_batch_id(now)
     window = settings.batch_completion_window_seconds
-    ttl = created_at + window + settings.batch_retention_seconds + 3 * 86400
+    ttl = batch_status.created_ttl(settings, created_at)
     id_base = table.reserve_result_ids(len(requests))
 
     # 1. Everything but META: invisible without it (a crash here leaves items TTL removes).

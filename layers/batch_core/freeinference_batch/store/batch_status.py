@@ -96,7 +96,10 @@ def checked(settings: Settings, batch_id: str, *, total: int, chunk_starts: list
         settings.batch_table_name, meta_key(batch_id),
         "SET #total = :total, chunk_starts = :chunk_starts, lane_widths = :lane_widths, id_base = :id_base "
         "REMOVE unchecked",
-        "#status = :validating AND attribute_exists(unchecked) AND attribute_not_exists(failing)",
+        # (or this very write, re-sent by botocore after a lost answer: still validating, no longer
+        # unchecked, with the id_base it reserved and its total)
+        "#status = :validating AND attribute_not_exists(failing) AND (attribute_exists(unchecked) "
+        "OR (id_base = :id_base AND #total = :total))",
         names={"#status": "status", "#total": "total"}, total=total, chunk_starts=chunk_starts,
         lane_widths=lane_widths, id_base=id_base, validating=BatchStatus.VALIDATING,
     ))
@@ -106,8 +109,10 @@ def check_resent(settings: Settings, meta: BatchRecord, now: float) -> bool:
     """An unchecked file batch's `validate` job sent again (`check_sent_at` now): only while it is
     still validating and unchecked, and its `check_sent_at` is as read, so of two sweeps one
     sends it. True if this call wrote it."""
-    condition = "#status = :validating AND attribute_exists(unchecked) AND "
+    condition = "(#status = :validating AND attribute_exists(unchecked) AND "
     condition += ("check_sent_at = :sent" if meta.check_sent_at is not None else "attribute_not_exists(check_sent_at)")
+    # (or this very write, re-sent by botocore after a lost answer)
+    condition += ") OR check_sent_at = :now"
     named: dict[str, Any] = {"sent": meta.check_sent_at} if meta.check_sent_at is not None else {}
     return apply_update(update_element(
         settings.batch_table_name, meta_key(meta.id), "SET check_sent_at = :now", condition,
@@ -187,6 +192,12 @@ def end_with_files(settings: Settings, meta: BatchRecord, final: BatchStatus, no
         "#status = :old AND running = :zero AND attribute_not_exists(ending)", names={"#status": "status"},
         final=final, now=at, old=meta.status, zero=0, **extra,
     )
+
+
+def created_ttl(settings: Settings, created_at: int) -> int:
+    """The ttl a new batch's items take: past its window and its retention, with TTL's margin."""
+    return created_at + settings.batch_completion_window_seconds + settings.batch_retention_seconds \
+        + TTL_AFTER_PURGE_SECONDS
 
 
 def retention(settings: Settings, now: float) -> tuple[int, int]:

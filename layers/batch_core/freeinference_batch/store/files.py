@@ -337,9 +337,15 @@ def delete_batch_file(settings: Settings, record: FileRecord, now: float) -> Non
     """A user's delete of a batch's output or error file: a tombstone (its content is a 404 at
     once, the batch keeps the id, and the batch's writer cannot bring it back); its object goes
     with the batch."""
-    aws.dynamodb().update_item(TableName=settings.batch_table_name, Key=file_key(record.id),
-                               UpdateExpression="SET deleted_at = :now",
-                               ExpressionAttributeValues=values(now=int(now)))
+    try:
+        # Only on the item as it is: racing the batch's purge, an unconditional update would make a
+        # stub of the deleted item (no ttl) that nothing removes.
+        aws.dynamodb().update_item(TableName=settings.batch_table_name, Key=file_key(record.id),
+                                   UpdateExpression="SET deleted_at = :now", ConditionExpression="attribute_exists(pk)",
+                                   ExpressionAttributeValues=values(now=int(now)))
+    except ClientError as error:
+        if not is_conditional_failure(error):
+            raise
 
 
 def delete_batch_files(settings: Settings, batch_id: str) -> None:

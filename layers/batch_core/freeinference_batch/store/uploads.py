@@ -98,8 +98,9 @@ def create_upload(settings: Settings, record: UploadRecord) -> None:
     item = {"pk": f"UPLOAD#{record.id}", "sk": UPLOAD_SK, **record.model_dump(),
             "purge_shard": UPLOADS_SHARD, "purge_at": record.expires_at,
             "ttl": record.expires_at + TTL_MARGIN_SECONDS}
-    aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=to_item(item),
-                            ConditionExpression="attribute_not_exists(pk)")
+    # No condition: the id is new (random), and a put botocore re-sends after a lost answer must
+    # find its own write as a success, not a conflict.
+    aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=to_item(item))
 
 
 def get_upload(settings: Settings, upload_id: str) -> UploadRecord | None:
@@ -178,7 +179,11 @@ def end(settings: Settings, upload: UploadRecord, status: Literal["cancelled", "
         settings.batch_table_name, upload_key(upload.id), "SET #status = :status REMOVE purge_shard, purge_at",
         "#status = :pending", names={"#status": "status"}, status=status, pending="pending",
     )):
-        return False
+        # Refused: no longer pending, or this very write re-sent by botocore after its answer was
+        # lost (it then finds the status it set).
+        now_upload = get_upload(settings, upload.id)
+        if now_upload is None or now_upload.status != status:
+            return False
     delete_parts(settings, upload.id, keep=set())
     return True
 
