@@ -7,10 +7,12 @@ import os
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from botocore.exceptions import ClientError
 from freeinference_batch import accounts
 from freeinference_batch.core import aws
+from freeinference_batch.files import content
 from freeinference_batch.ops import schedules
-from freeinference_batch.store import files
+from freeinference_batch.store import files, objects
 
 BOUNDARY = "----test-boundary"
 
@@ -153,6 +155,40 @@ def test_an_upload_of_parts_completes_as_one_file_and_downloads_joined(harness) 
     assert files.get_file(harness.settings, "acct-1", done["file"]["id"]).objects == [
         files.input_object_key(done["file"]["id"])]
     assert content_of(harness, done["file"]["id"]) == lines  # joined once
+
+
+class DownloadDied(BaseException):
+    """The API invocation joining a file's parts is killed: nothing cleans up."""
+
+
+def test_a_join_that_dies_after_completing_its_object_is_finished_by_the_next_download(harness, monkeypatch):
+    # Given an upload of parts whose first download completes the joined object, then dies before
+    # pointing the file at it
+    lines = b"".join(b'{"custom_id":"%d","pad":"%s"}\n' % (n, os.urandom(300).hex().encode()) for n in range(12_000))
+    status, done = _chunked(harness, lines, 3 * 1024 * 1024)
+    assert status == 200, done
+    file_id = done["file"]["id"]
+    record = files.get_file(harness.settings, "acct-1", file_id)
+    set_objects = files.set_objects
+
+    def dies(*args, **kwargs):
+        raise DownloadDied
+
+    monkeypatch.setattr(files, "set_objects", dies)
+    with pytest.raises(DownloadDied):
+        content.single_object(harness.settings, record, 30)
+    monkeypatch.setattr(files, "set_objects", set_objects)
+    assert files.get_file(harness.settings, "acct-1", file_id).objects == record.objects
+
+    def forgotten(*args, **kwargs):  # S3 once it no longer keeps the completed upload (moto keeps it)
+        raise ClientError({"Error": {"Code": "NoSuchUpload", "Message": "The specified upload does not exist"}},
+                          "CompleteMultipartUpload")
+
+    monkeypatch.setattr(objects, "complete_multipart", forgotten)
+    # When the file is downloaded again, then it gets the content, from the one joined object
+    assert content_of(harness, file_id) == lines
+    assert files.get_file(harness.settings, "acct-1", file_id).objects == [files.input_object_key(file_id)]
+    assert files.get_join(harness.settings, file_id) is None
 
 
 def test_an_upload_checks_bytes_and_md5(harness) -> None:

@@ -63,9 +63,11 @@ def single_object(settings: Settings, record: files.FileRecord, seconds: float) 
     try:
         objects.complete_multipart(bucket, target, upload_id, etags)
     except ClientError:
-        # Completed by another call that reached the end too: its outcome is the file's.
-        now_record = files.get_file(settings, record.account_id, record.id)
-        return target if now_record is not None and now_record.objects == [target] else None
+        # S3 no longer knows the upload: it was completed, by another call that reached the end too,
+        # or by a call that died before it could point the file at the joined object (which would
+        # otherwise leave every later download a 409). The object's presence says which.
+        if not objects.exists(bucket, target):
+            return None
     if files.set_objects(settings, record.id, [target], record.objects):
         objects.delete_keys(bucket, record.objects)
     elif files.get_file(settings, record.account_id, record.id) is None:

@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from freeinference_batch.core import aws
 
 # S3 lists and deletes at most 1,000 keys a call; a delete's pages go out this many at once.
@@ -35,6 +37,17 @@ def put(bucket: str, key: str, body: bytes, **headers: str) -> None:
 def get(bucket: str, key: str) -> StoredObject:
     answer = aws.s3().get_object(Bucket=bucket, Key=key)
     return StoredObject(int(answer["ContentLength"]), answer["Body"])
+
+
+def exists(bucket: str, key: str) -> bool:
+    """HeadObject: whether the object is there (any error but a 404 raises)."""
+    try:
+        aws.s3().head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return True
 
 
 def presigned_get_url(bucket: str, key: str, expires_in: int, **response_headers: str) -> str:
