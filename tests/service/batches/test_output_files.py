@@ -193,6 +193,32 @@ def test_a_step_run_again_writes_nothing_twice(harness, monkeypatch):
     assert (file_lines(harness, final["output_file_id"]), file_lines(harness, final["error_file_id"])) == before
 
 
+def test_a_progress_write_whose_answer_was_lost_finds_its_own_success(harness, monkeypatch):
+    # Given a file batch whose job's every progress write is applied, then re-sent by botocore (its
+    # answer lost), as DynamoDB then answers: refused by its own success
+    batch_id = create_file_batch(harness, mixed_requests(4))
+    run_until_status(harness, batch_id, ("finalizing",))
+    client = aws.dynamodb()
+    put_item, resent = client.put_item, []
+
+    def applied_then_resent(**kwargs):
+        if kwargs["Item"]["sk"] != {"S": batch_files.FILES_SK}:
+            return put_item(**kwargs)
+        put_item(**kwargs)
+        resent.append(kwargs["Item"]["version"]["N"])
+        return put_item(**kwargs)
+
+    monkeypatch.setattr(client, "put_item", applied_then_resent)
+    # When its job runs, then it writes both files and ends the batch, without the sweep
+    assert pump_jobs(harness) == (1, 0)
+    assert resent
+    final = harness.batch(batch_id)
+    assert final["status"] == "completed" and final["output_file_id"] and final["error_file_id"]
+    output, error = expected_files(harness.results(batch_id))
+    assert file_lines(harness, final["output_file_id"]) == output
+    assert file_lines(harness, final["error_file_id"]) == error
+
+
 def test_the_sweep_sends_again_a_job_that_went_quiet(harness):
     batch_id = create_file_batch(harness, [sample_request("q-0")])
     run_until_status(harness, batch_id, ("finalizing",))

@@ -11,6 +11,7 @@ ListParts gives them back when the upload is completed. Each change is condition
 
 from __future__ import annotations
 
+import secrets
 from typing import Literal
 
 from botocore.exceptions import ClientError
@@ -20,7 +21,7 @@ from freeinference_batch.core import aws
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import objects
 from freeinference_batch.store.batch_keys import batch_pk
-from freeinference_batch.store.dynamo import from_item, is_conditional_failure, key, to_item, values
+from freeinference_batch.store.dynamo import from_item, is_conditional_failure, key, refused_item, to_item, values
 
 FILES_SK = "FILES"
 Kind = Literal["output", "error"]
@@ -73,16 +74,23 @@ def get_progress(settings: Settings, batch_id: str) -> Progress | None:
 
 def save_progress(settings: Settings, batch_id: str, progress: Progress, read: int | None, ttl: int) -> bool:
     """Write `progress` (its version one past `read`) if the item is still at version `read`
-    (None: if there is none yet); False when another run moved it first."""
-    item = {"pk": batch_pk(batch_id), "sk": FILES_SK, **progress.model_dump(mode="json"), "ttl": ttl}
+    (None: if there is none yet); False when another run moved it first.
+
+    The item carries a token of this write: re-sent by botocore after its answer was lost, the
+    write is refused by its own success and finds its token there (without it, the job would stop
+    as if another run went on, and wait for the sweep to send it again)."""
+    token = secrets.token_hex(8)
+    item = {"pk": batch_pk(batch_id), "sk": FILES_SK, **progress.model_dump(mode="json"), "ttl": ttl,
+            "written_by": token}
     item["version"] = 0 if read is None else read + 1
     condition = ({"ConditionExpression": "attribute_not_exists(pk)"} if read is None else
                  {"ConditionExpression": "version = :read", "ExpressionAttributeValues": values(read=read)})
     try:
-        aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=to_item(item), **condition)
+        aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=to_item(item),
+                                ReturnValuesOnConditionCheckFailure="ALL_OLD", **condition)
     except ClientError as error:
         if is_conditional_failure(error):
-            return False
+            return (refused_item(error) or {}).get("written_by") == token
         raise
     return True
 
