@@ -12,7 +12,7 @@ from freeinference_batch import accounts
 from freeinference_batch.core import aws
 from freeinference_batch.files import content
 from freeinference_batch.ops import schedules
-from freeinference_batch.store import files, objects
+from freeinference_batch.store import files, objects, uploads
 
 BOUNDARY = "----test-boundary"
 
@@ -189,6 +189,37 @@ def test_a_join_that_dies_after_completing_its_object_is_finished_by_the_next_do
     assert content_of(harness, file_id) == lines
     assert files.get_file(harness.settings, "acct-1", file_id).objects == [files.input_object_key(file_id)]
     assert files.get_join(harness.settings, file_id) is None
+
+
+def test_a_part_whose_call_dies_before_it_is_stored_is_not_counted(harness, monkeypatch) -> None:
+    # Given an upload of exactly two parts' bytes, whose first part's call dies as it stores the
+    # object (an API invocation killed mid-call: nothing cleans up)
+    content = b'{"custom_id":"a"}\n{"custom_id":"b"}\n'
+    first, second = content[:18], content[18:]
+    status, made = harness.call("POST", "/v1/uploads", {"filename": "in.jsonl", "purpose": "batch",
+                                                        "bytes": len(content), "mime_type": "application/jsonl"})
+    assert status == 200, made
+    put = objects.put
+
+    def dies(*args, **kwargs):
+        raise DownloadDied
+
+    monkeypatch.setattr(objects, "put", dies)
+    with pytest.raises(DownloadDied):
+        uploads.add_part(harness.settings, uploads.get_upload(harness.settings, made["id"]), first, 0, 10)
+    monkeypatch.setattr(objects, "put", put)
+    # When the client sends both parts again, then both fit the declared bytes (and no more does),
+    # and the upload completes as the file
+    part_ids = []
+    for data in (first, second):
+        status, part = post_form(harness, f"/v1/uploads/{made['id']}/parts", data=("blob", data))
+        assert status == 200, part
+        part_ids.append(part["id"])
+    status, refused = post_form(harness, f"/v1/uploads/{made['id']}/parts", data=("blob", b"x"))
+    assert status == 400 and refused["error"]["param"] == "data", refused  # a byte past them is not
+    status, done = harness.call("POST", f"/v1/uploads/{made['id']}/complete", {"part_ids": part_ids})
+    assert status == 200 and done["status"] == "completed", done
+    assert content_of(harness, done["file"]["id"]) == content
 
 
 def test_an_upload_checks_bytes_and_md5(harness) -> None:

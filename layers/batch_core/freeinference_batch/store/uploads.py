@@ -118,23 +118,32 @@ class PartRefused(Exception):
 
 
 def add_part(settings: Settings, upload: UploadRecord, data: bytes, now: float, max_parts: int) -> PartRecord:
-    """Store a part: counted first on the upload's item (its bytes within the declared `bytes`,
-    its count within `max_parts`, so a pending upload never stores more than it declared), then
-    its object, then its item."""
-    if len(data) > upload.bytes or not apply_update(update_element(
-        settings.batch_table_name, upload_key(upload.id), "ADD received :size, parts :one",
-        "#status = :pending AND (attribute_not_exists(received) OR (received <= :room AND parts < :max_parts))",
-        names={"#status": "status"}, size=len(data), one=1, pending="pending", room=upload.bytes - len(data),
-        max_parts=max_parts,
-    )):
+    """Store a part: its object, then one transaction that counts it on the upload's item (its
+    bytes within the declared `bytes`, its count within `max_parts`, so a pending upload never
+    stores more than it declared) and writes its item. Counted and stored together: a call that
+    dies between the two leaves an object no item names (the bucket's lifecycle rule deletes it),
+    never a count without its part; botocore re-sends a transaction whose answer was lost with its
+    idempotency token, so it is counted once."""
+    if len(data) > upload.bytes:
         raise PartRefused()
     part_id = new_part_id(now)
     part = PartRecord(id=part_id, upload_id=upload.id, object_key=part_object_key(upload.id, part_id),
                       size=len(data), created_at=int(now))
     objects.put(settings.payload_bucket_name, part.object_key, data)
+    counted = update_element(
+        settings.batch_table_name, upload_key(upload.id), "ADD received :size, parts :one",
+        "#status = :pending AND (attribute_not_exists(received) OR (received <= :room AND parts < :max_parts))",
+        names={"#status": "status"}, size=len(data), one=1, pending="pending", room=upload.bytes - len(data),
+        max_parts=max_parts,
+    )
     item = {"pk": f"UPLOAD#{upload.id}", "sk": f"PART#{part_id}", **part.model_dump(),
             "ttl": upload.expires_at + TTL_MARGIN_SECONDS}
-    aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=to_item(item))
+    try:
+        transact([counted, {"Put": {"TableName": settings.batch_table_name, "Item": to_item(item),
+                                    "ConditionExpression": "attribute_not_exists(pk)"}}])
+    except TransactionFailed as refused:
+        objects.delete_keys(settings.payload_bucket_name, [part.object_key])
+        raise PartRefused() from refused
     return part
 
 
