@@ -8,7 +8,7 @@ import pytest
 from freeinference_batch.core import aws
 from freeinference_batch.store import files, objects
 from freeinference_batch.store.accounts_table import account_item_key
-from freeinference_batch.store.dynamo import from_item
+from freeinference_batch.store.dynamo import TransactionConflict, from_item
 
 
 def _input_file(harness, account: str = "acct-1", *, content: bytes = b'{"a":1}\n{"b":2}\n',
@@ -62,6 +62,26 @@ def test_an_expired_file_is_gone(harness) -> None:
     assert files.purge_input_files(harness.settings, time.time() + 61) == 1
     assert "input_files" in _account(harness) and _account(harness)["input_files"] == 0
     assert files.purge_input_files(harness.settings, time.time() + 61) == 0  # its item is gone
+
+
+def test_an_expired_file_whose_account_stays_busy_is_left_to_the_next_purge(harness, monkeypatch) -> None:
+    # Given two expired files, the first of whose give-back meets conflicts past the retries
+    busy = _input_file(harness, expires_in=60)
+    _input_file(harness, expires_in=60)
+    transact = files.transact
+
+    def conflicting(elements):
+        if elements[0]["Update"]["Key"] == files.file_key(busy.id):
+            raise TransactionConflict(["None", "TransactionConflict"])
+        return transact(elements)
+
+    monkeypatch.setattr(files, "transact", conflicting)
+    # When the purge runs, then the other expires, and the busy one stays counted, for the next
+    assert files.purge_input_files(harness.settings, time.time() + 61) == 1
+    assert _account(harness)["input_files"] == 1
+    monkeypatch.setattr(files, "transact", transact)
+    assert files.purge_input_files(harness.settings, time.time() + 61) == 1
+    assert _account(harness)["input_files"] == 0
 
 
 def test_lines_come_in_order_and_a_line_across_two_objects_is_joined(harness, monkeypatch) -> None:

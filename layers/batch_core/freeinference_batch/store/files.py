@@ -33,6 +33,7 @@ from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import objects
 from freeinference_batch.store.accounts_table import account_item_key
 from freeinference_batch.store.dynamo import (
+    TransactionConflict,
     TransactionFailed,
     batch_get,
     batch_write,
@@ -278,7 +279,12 @@ def purge_input_files(settings: Settings, now: float) -> int:
         if found is None:
             continue
         if found.get("deleted_at") is None:
-            expired += delete_input_file(settings, _record(found), now)
+            try:
+                expired += delete_input_file(settings, _record(found), now)
+            except TransactionConflict:
+                # Its account's item busy past the retries: the next purge takes it (its content is
+                # already gone for every read, past its expires_at), and this one goes on.
+                continue
         batch_write(settings.batch_table_name, deletes=[file_key(found["id"]), join_key(found["id"])])
     return expired
 
