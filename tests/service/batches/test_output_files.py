@@ -145,8 +145,8 @@ def test_a_step_that_dies_midway_resumes_keeping_the_parts_already_sent(harness,
     assert files.get_file(harness.settings, "acct-1", final["output_file_id"]).bytes > 10 * 1024 * 1024
 
 
-def test_a_step_out_of_time_keeps_a_part_and_the_next_step_goes_on(harness, monkeypatch):
-    harness.configure(BATCH_FILES_PART_BYTES=8 * 1024 * 1024)
+def test_a_step_out_of_time_keeps_only_whole_parts_and_the_next_step_goes_on(harness, monkeypatch):
+    harness.configure(BATCH_FILES_PART_BYTES=5 * 1024 * 1024)
     batch_id = create_file_batch(harness, padded_requests(9, 600_000))
     run_until_status(harness, batch_id, ("finalizing",))
 
@@ -163,13 +163,51 @@ def test_a_step_out_of_time_keeps_a_part_and_the_next_step_goes_on(harness, monk
 
     def write_files(settings, batch_id, deadline):
         steps.append(batch_files.get_progress(settings, batch_id))
-        # The first step's deadline comes after 5 lines (~6 MB: less than a part, more than S3's minimum)
-        return real(settings, batch_id, 5 if len(steps) == 1 else float("inf"))
+        # The first step's deadline comes after 7 lines (~8.4 MB: a whole part of 5 MiB, and ~3 MB)
+        return real(settings, batch_id, 7 if len(steps) == 1 else float("inf"))
 
     monkeypatch.setitem(job_steps.STEPS, "write_files", write_files)
     assert pump_jobs(harness) == (2, 0)
     assert steps[0] is None
-    assert (steps[1].output.next_part, steps[1].output.position) == (2, 5)  # kept as a part, then queued on
+    # The whole part kept, the lines after it left to the next step (read again there)
+    assert (steps[1].output.next_part, steps[1].output.position) == (2, 5)
+    final = harness.batch(batch_id)
+    assert final["status"] == "completed"
+    assert file_lines(harness, final["output_file_id"]) == expected_files(harness.results(batch_id))[0]
+
+
+def test_two_runs_of_the_job_at_once_send_each_part_with_the_same_lines(harness, monkeypatch):
+    # Given a file batch of three parts (7 answers of ~1.2 MB a part), and two runs of its job at
+    # once (SQS delivers at least once): the first has sent part 1 and holds 5 lines of part 2 when
+    # the second takes over, sends part 2 whole and runs out of time; then the first runs out of time
+    harness.configure(BATCH_FILES_PART_BYTES=8 * 1024 * 1024)
+    batch_id = create_file_batch(harness, padded_requests(20, 600_000))
+    run_until_status(harness, batch_id, ("finalizing",))
+    sent: dict[int, list[bytes]] = {}
+    real_upload_part = batch_files.upload_part
+
+    def upload_part(settings, batch_id, kind, upload_id, number, body):
+        sent.setdefault(number, []).append(body)
+        return real_upload_part(settings, batch_id, kind, upload_id, number, body)
+
+    class Ticks:  # both runs' clock: one tick a line read
+        now = 0
+
+        def monotonic(self) -> float:
+            self.now += 1
+            if self.now == 12:  # the first run has read lines 0..11
+                # the second reads lines 7..15: part 2 is lines 7..13
+                assert output_files.write_files(harness.settings, batch_id, self.now + 9) is False
+            return self.now
+
+    monkeypatch.setattr(batch_files, "upload_part", upload_part)
+    monkeypatch.setattr(output_files, "time", Ticks())
+    output_files.write_files(harness.settings, batch_id, 12)
+    # When the job goes on to its end
+    assert output_files.write_files(harness.settings, batch_id, float("inf")) is True
+    # Then no part was sent with other lines than another run's same part, and the file is whole
+    assert sorted(sent) == [1, 2, 3]
+    assert all(len(set(bodies)) == 1 for bodies in sent.values()), {n: list(map(len, b)) for n, b in sent.items()}
     final = harness.batch(batch_id)
     assert final["status"] == "completed"
     assert file_lines(harness, final["output_file_id"]) == expected_files(harness.results(batch_id))[0]

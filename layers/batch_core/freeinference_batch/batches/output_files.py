@@ -16,7 +16,9 @@ and after each part its progress is kept (store/batch_files.py: the next part, a
 up to which its lines are in its parts). A step that dies loses at most the part it was filling;
 the next run starts again from the smaller of the two files' positions and skips, for each file,
 the lines it already holds. Its lines are the same every time (they are read from settled items),
-so a part sent again by a run that died before keeping it has the same content. Largest output
+and a part is only ever sent whole (a step out of time leaves its unfilled part to the next): part
+N holds the same lines whichever run sends it, a run that died before keeping it or another run of
+the job at once (SQS delivers at least once), so no file mixes two runs' cuts. Largest output
 file: 10,000 parts x the part size (468.75 GiB at 48 MiB), above what a batch can hold (50,000
 requests x an 8 MiB answer = 390.6 GiB); a file that would need more parts fails the step, loudly
 (the job's dead-letter queue and alarm), rather than be cut short.
@@ -197,10 +199,8 @@ def write_files(settings: Settings, batch_id: str, deadline: float) -> bool:
             if writer.size >= part_bytes and not step.send_part(kind):
                 return True
             if time.monotonic() >= deadline:
-                # Keep what may be a part (at least S3's minimum); the rest is read again next time.
-                for other in pending:
-                    if step.writers[other].size >= batch_files.MIN_PART_BYTES and not step.send_part(other):
-                        return True
+                # What is not yet a whole part is read again by the next step: a part cut short here
+                # would hold other lines than the same part sent by another run of the job at once.
                 return False
         for kind in pending:
             if not step.close(kind):

@@ -26,9 +26,8 @@ from freeinference_batch.store.dynamo import from_item, is_conditional_failure, 
 FILES_SK = "FILES"
 Kind = Literal["output", "error"]
 KINDS: tuple[Kind, Kind] = ("output", "error")
-# S3: parts 1..10,000, each at least 5 MiB but the last.
+# S3: parts 1..10,000, each at least 5 MiB but the last (BATCH_FILES_PART_BYTES is at least that).
 MAX_PARTS = 10_000
-MIN_PART_BYTES = 5 * 1024 * 1024
 CONTENT_TYPE = "application/jsonl"
 
 
