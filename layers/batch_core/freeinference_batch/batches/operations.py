@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import secrets
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from freeinference_batch.core.errors import (
     TooManyRequests,
     busy,
 )
+from freeinference_batch.core.ids import time_ordered_id
 from freeinference_batch.core.observability import log_status_change, logger
 from freeinference_batch.core.schemas import (
     BatchJob,
@@ -56,7 +56,7 @@ def new_batch_id(now: float) -> str:
 
     Time-ordered, so an id alone says where its batch stands in its owner's list (a list cursor
     keeps working after that batch is deleted); the random part keeps ids unguessable."""
-    return f"batch_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
+    return time_ordered_id("batch_", now)
 
 
 def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:

@@ -21,7 +21,6 @@ table), in the same transaction that writes or deletes it, so the caps hold as f
 from __future__ import annotations
 
 import hashlib
-import secrets
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -29,6 +28,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
 from freeinference_batch.core import aws, clock
+from freeinference_batch.core.ids import time_ordered_id
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import objects
 from freeinference_batch.store.accounts_table import account_item_key
@@ -82,9 +82,8 @@ class FileCapReached(Exception):
 
 
 def new_file_id(now: float) -> str:
-    """`file-` + the creation time in microseconds (14 hex digits) + 72 random bits (18 hex):
-    time-ordered like batch ids, so a list cursor is an id; unguessable."""
-    return f"file-{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
+    """Time-ordered like batch ids (core/ids.py), so a list cursor is an id; unguessable."""
+    return time_ordered_id("file-", now)
 
 
 def batch_file_id(batch_id: str, kind: BatchFileKind) -> str:

@@ -15,13 +15,13 @@ minimum.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from freeinference_batch.core import aws
+from freeinference_batch.core.ids import time_ordered_id
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import files, objects
 from freeinference_batch.store.dynamo import (
@@ -40,7 +40,6 @@ from freeinference_batch.store.dynamo import (
 
 UPLOAD_SK = "UPLOAD"
 UPLOADS_SHARD = "UPLOADS"
-TTL_MARGIN_SECONDS = 24 * 3600
 
 UploadStatus = Literal["pending", "completed", "cancelled", "expired"]
 
@@ -75,11 +74,11 @@ class UploadNotPending(Exception):
 
 
 def new_upload_id(now: float) -> str:
-    return f"upload_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
+    return time_ordered_id("upload_", now)
 
 
 def new_part_id(now: float) -> str:
-    return f"part_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
+    return time_ordered_id("part_", now)
 
 
 def upload_key(upload_id: str) -> dict[str, dict]:
@@ -97,7 +96,7 @@ def part_object_key(upload_id: str, part_id: str) -> str:
 def create_upload(settings: Settings, record: UploadRecord) -> None:
     item = {"pk": f"UPLOAD#{record.id}", "sk": UPLOAD_SK, **record.model_dump(),
             "purge_shard": UPLOADS_SHARD, "purge_at": record.expires_at,
-            "ttl": record.expires_at + TTL_MARGIN_SECONDS}
+            "ttl": record.expires_at + files.TTL_MARGIN_SECONDS}
     # No condition: the id is new (random), and a put botocore re-sends after a lost answer must
     # find its own write as a success, not a conflict.
     aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=to_item(item))
@@ -137,7 +136,7 @@ def add_part(settings: Settings, upload: UploadRecord, data: bytes, now: float, 
         max_parts=max_parts,
     )
     item = {"pk": f"UPLOAD#{upload.id}", "sk": f"PART#{part_id}", **part.model_dump(),
-            "ttl": upload.expires_at + TTL_MARGIN_SECONDS}
+            "ttl": upload.expires_at + files.TTL_MARGIN_SECONDS}
     try:
         transact([counted, {"Put": {"TableName": settings.batch_table_name, "Item": to_item(item),
                                     "ConditionExpression": "attribute_not_exists(pk)"}}])

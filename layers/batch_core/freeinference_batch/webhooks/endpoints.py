@@ -17,6 +17,7 @@ from freeinference_batch import accounts
 from freeinference_batch.accounts import Principal
 from freeinference_batch.core import clock
 from freeinference_batch.core.errors import BadRequest, NotFound, TooManyRequests, busy
+from freeinference_batch.core.ids import time_ordered_id
 from freeinference_batch.core.schemas import (
     DeletedWebhookEndpoint,
     WebhookCreateBody,
@@ -45,9 +46,8 @@ TEST_BATCH_ID = "batch_test"
 
 
 def new_endpoint_id(now: float) -> str:
-    """`we_` + the creation time in microseconds (14 hex digits) + 18 random hex digits: listed
-    in creation order by id alone."""
-    return f"we_{int(now * 1_000_000):014x}{secrets.token_hex(9)}"
+    """Time-ordered (core/ids.py): listed in creation order by id alone."""
+    return time_ordered_id("we_", now)
 
 
 
