@@ -13,6 +13,7 @@ from freeinference_batch.core import aws
 from freeinference_batch.files import content
 from freeinference_batch.ops import schedules
 from freeinference_batch.store import files, objects, uploads
+from freeinference_batch.store.accounts_table import account_item_key
 
 BOUNDARY = "----test-boundary"
 
@@ -127,6 +128,46 @@ def test_the_caps_hold_as_files_come_go_and_expire(harness) -> None:
     assert result["expired_files"] == 2
     upload(harness, b"{}\n")
     upload(harness, b"{}\n")
+
+
+def _create_upload(harness, size: int) -> tuple[int, dict]:
+    return harness.call("POST", "/v1/uploads", {"filename": "in.jsonl", "purpose": "batch", "bytes": size,
+                                                "mime_type": "application/jsonl"})
+
+
+def test_pending_uploads_hold_their_place_within_the_caps(harness) -> None:
+    # Given caps of two files and 100 bytes, and a file of 10 bytes
+    harness.configure(FILE_MAX_STORED=2, FILE_MAX_STORED_BYTES=100)
+    stored = upload(harness, b'{"a":"b"}\n')
+    # An upload whose declared bytes would pass the bytes cap is refused at its create, naming both caps
+    status, refused = _create_upload(harness, 91)
+    assert status == 409 and refused["error"]["code"] == "file_limit_reached", refused
+    assert "2 files, 100 bytes" in refused["error"]["message"] and "pending uploads" in refused["error"]["message"]
+    # A pending upload takes the second file's place: neither a file nor another upload fits now
+    status, pending = _create_upload(harness, 20)
+    assert status == 200, pending
+    for status, body in (post_form(harness, "/v1/files", purpose=b"batch", file=("a", b"{}\n")),
+                         _create_upload(harness, 1)):
+        assert status == 409 and body["error"]["code"] == "file_limit_reached", body
+    # Its cancel gives the place back; a completed upload hands it to its file (counted once)
+    status, _ = harness.call("POST", f"/v1/uploads/{pending['id']}/cancel")
+    assert status == 200
+    status, made = _create_upload(harness, 20)
+    assert status == 200, made
+    status, part = post_form(harness, f"/v1/uploads/{made['id']}/parts", data=("blob", b"x" * 20))
+    status, done = harness.call("POST", f"/v1/uploads/{made['id']}/complete", {"part_ids": [part["id"]]})
+    assert status == 200 and done["status"] == "completed", done
+    account = aws.dynamodb().get_item(TableName=harness.settings.accounts_table_name,
+                                      Key=account_item_key("acct-1"), ConsistentRead=True)["Item"]
+    assert (account["input_files"], account["input_file_bytes"]) == ({"N": "2"}, {"N": str(10 + 20)})
+    # And an upload left pending is given back when the purge expires it
+    harness.call("DELETE", f"/v1/files/{stored['id']}")
+    status, left = _create_upload(harness, 50)
+    assert status == 200, left
+    assert _create_upload(harness, 1)[0] == 409
+    harness.advance_clock(harness.settings.upload_lifetime_seconds + 1)
+    assert schedules.purge(harness.settings)["expired_uploads"] == 1
+    assert _create_upload(harness, 1)[0] == 200
 
 
 def _chunked(harness, content: bytes, part_size: int, md5: str | None = None) -> tuple[int, dict]:

@@ -37,8 +37,9 @@ def check_purpose(purpose: str | None) -> None:
 
 def caps_message(settings: Settings) -> str:
     return (f"This account already stores the most input files it may ({settings.file_max_stored} files, "
-            f"{settings.file_max_stored_bytes} bytes in all) or this file would pass them; delete files "
-            "(client.files.delete) or wait for them to expire")
+            f"{settings.file_max_stored_bytes} bytes in all, pending uploads counted as files of their bytes) or "
+            "this file would pass them; delete files (client.files.delete), cancel uploads, or wait for them to "
+            "expire")
 
 
 def cap_refused(settings: Settings) -> Conflict:

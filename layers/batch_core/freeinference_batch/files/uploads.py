@@ -63,7 +63,13 @@ def create_upload(settings: Settings, principal: accounts.Principal, raw: bytes)
         bytes=body.bytes, mime_type=body.mime_type, created_at=int(now), expires_at=int(now) + lifetime,
         status="pending",
     )
-    uploads.create_upload(settings, record)
+    try:
+        record = uploads.create_upload(settings, record, max_files=settings.file_max_stored,
+                                       max_bytes=settings.file_max_stored_bytes)
+    except files.FileCapReached as refused:
+        raise cap_refused(settings) from refused
+    except TransactionConflict as conflict:
+        raise busy("creating the upload") from conflict
     return upload_object(settings, record, now)
 
 

@@ -211,20 +211,35 @@ def list_files(settings: Settings, account_id: str, *, purpose: str | None, limi
 # -- input files --
 
 
-def input_file_elements(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> list[dict]:
-    """The two transaction elements that store an input file: its item (new), and its count and
-    bytes added to its account's on the condition that they stay within `max_files` and
-    `max_bytes` (a refused second element is FileCapReached: see `create_input_file`)."""
-    count = update_element(
-        settings.accounts_table_name, account_item_key(record.account_id),
+def count_element(settings: Settings, account_id: str, size: int, *, max_files: int, max_bytes: int) -> dict:
+    """The transaction element that counts one more input file (or pending upload) of `size` bytes
+    on its account, on the condition that the account stays within `max_files` and `max_bytes`."""
+    return update_element(
+        settings.accounts_table_name, account_item_key(account_id),
         "ADD input_files :one, input_file_bytes :size SET account_id = if_not_exists(account_id, :account)",
         "(attribute_not_exists(input_files) OR input_files < :max_files) AND "
         "(attribute_not_exists(input_file_bytes) OR input_file_bytes <= :room)",
-        one=1, size=record.bytes, account=record.account_id, max_files=max_files, room=max_bytes - record.bytes,
+        one=1, size=size, account=account_id, max_files=max_files, room=max_bytes - size,
     )
-    put = {"Put": {"TableName": settings.batch_table_name, "Item": _item(record),
-                   "ConditionExpression": "attribute_not_exists(pk)"}}
-    return [put, count]
+
+
+def give_back_element(settings: Settings, account_id: str, size: int) -> dict:
+    """The transaction element that gives an input file's (or pending upload's) count and bytes back."""
+    return update_element(settings.accounts_table_name, account_item_key(account_id),
+                          "ADD input_files :minus_one, input_file_bytes :minus_size", minus_one=-1, minus_size=-size)
+
+
+def new_file_element(settings: Settings, record: FileRecord) -> dict:
+    """The transaction element that writes an input file's item (new)."""
+    return {"Put": {"TableName": settings.batch_table_name, "Item": _item(record),
+                    "ConditionExpression": "attribute_not_exists(pk)"}}
+
+
+def input_file_elements(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> list[dict]:
+    """The two transaction elements that store an input file: its item (new), and its count and
+    bytes added to its account's (a refused second element is FileCapReached: see `create_input_file`)."""
+    return [new_file_element(settings, record),
+            count_element(settings, record.account_id, record.bytes, max_files=max_files, max_bytes=max_bytes)]
 
 
 def create_input_file(settings: Settings, record: FileRecord, *, max_files: int, max_bytes: int) -> None:
@@ -249,11 +264,8 @@ def delete_input_file(settings: Settings, record: FileRecord, now: float) -> boo
                                "SET deleted_at = :now, purge_shard = :shard, purge_at = :now",
                                "attribute_exists(pk) AND attribute_not_exists(deleted_at)",
                                now=int(now), shard=FILES_SHARD)
-    give_back = update_element(settings.accounts_table_name, account_item_key(record.account_id),
-                               "ADD input_files :minus_one, input_file_bytes :minus_size",
-                               minus_one=-1, minus_size=-record.bytes)
     try:
-        transact([tombstone, give_back])
+        transact([tombstone, give_back_element(settings, record.account_id, record.bytes)])
     except TransactionFailed as failed:
         if failed.failed(0):
             return False

@@ -26,7 +26,6 @@ from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import files, objects
 from freeinference_batch.store.dynamo import (
     TransactionFailed,
-    apply_update,
     batch_get,
     batch_write,
     from_item,
@@ -57,6 +56,9 @@ class UploadRecord(BaseModel):
     expires_at: int
     status: UploadStatus
     file_id: str | None = None
+    # Counted on its account as an input file of its declared bytes from its create (uploads made
+    # before that rule are not: they complete counted, and end with nothing to give back).
+    reserved: bool = False
 
 
 class PartRecord(BaseModel):
@@ -93,13 +95,28 @@ def part_object_key(upload_id: str, part_id: str) -> str:
     return f"uploads/{upload_id}/{part_id}"
 
 
-def create_upload(settings: Settings, record: UploadRecord) -> None:
+def create_upload(settings: Settings, record: UploadRecord, *, max_files: int, max_bytes: int) -> UploadRecord:
+    """Write a pending upload and, in the same transaction, count it on its account as an input
+    file of its declared bytes: pending uploads hold their place within the account's caps, so
+    parts never store more than the caps allow. Raises files.FileCapReached."""
+    record = record.model_copy(update={"reserved": True})
     item = {"pk": f"UPLOAD#{record.id}", "sk": UPLOAD_SK, **record.model_dump(),
             "purge_shard": UPLOADS_SHARD, "purge_at": record.expires_at,
             "ttl": record.expires_at + files.TTL_MARGIN_SECONDS}
-    # No condition: the id is new (random), and a put botocore re-sends after a lost answer must
-    # find its own write as a success, not a conflict.
-    aws.dynamodb().put_item(TableName=settings.batch_table_name, Item=to_item(item))
+    if record.bytes > max_bytes:
+        raise files.FileCapReached()
+    put = {"Put": {"TableName": settings.batch_table_name, "Item": to_item(item),
+                   "ConditionExpression": "attribute_not_exists(pk)"}}
+    # (botocore re-sends a transaction whose answer was lost with its idempotency token: DynamoDB
+    # answers it as the first, so the new item's condition never refuses its own write.)
+    try:
+        transact([put, files.count_element(settings, record.account_id, record.bytes, max_files=max_files,
+                                           max_bytes=max_bytes)])
+    except TransactionFailed as failed:
+        if failed.failed(1):
+            raise files.FileCapReached() from failed
+        raise
+    return record
 
 
 def get_upload(settings: Settings, upload_id: str) -> UploadRecord | None:
@@ -164,15 +181,18 @@ def all_parts(settings: Settings, upload_id: str) -> Iterator[PartRecord]:
 def complete(settings: Settings, upload: UploadRecord, file: files.FileRecord, *, max_files: int,
              max_bytes: int) -> None:
     """In one transaction: the upload completed (if still pending), its file's item written, and
-    the file counted on its account. Raises UploadNotPending, or files.FileCapReached."""
+    the file counted on its account (an upload counted since its create hands its place to its
+    file: its declared bytes are the file's). Raises UploadNotPending, or files.FileCapReached."""
     done = update_element(settings.batch_table_name, upload_key(upload.id),
                           "SET #status = :completed, file_id = :file REMOVE purge_shard, purge_at",
                           "#status = :pending", names={"#status": "status"},
                           completed="completed", file=file.id, pending="pending")
     if file.bytes > max_bytes:
         raise files.FileCapReached()
+    stored = ([files.new_file_element(settings, file)] if upload.reserved else
+              files.input_file_elements(settings, file, max_files=max_files, max_bytes=max_bytes))
     try:
-        transact([done, *files.input_file_elements(settings, file, max_files=max_files, max_bytes=max_bytes)])
+        transact([done, *stored])
     except TransactionFailed as failed:
         if failed.failed(0):
             raise UploadNotPending() from failed
@@ -182,16 +202,17 @@ def complete(settings: Settings, upload: UploadRecord, file: files.FileRecord, *
 
 
 def end(settings: Settings, upload: UploadRecord, status: Literal["cancelled", "expired"]) -> bool:
-    """Cancel (or expire) a pending upload and delete its parts; False when it was no longer pending."""
-    if not apply_update(update_element(
+    """Cancel (or expire) a pending upload, give its place within its account's caps back, and
+    delete its parts; False when it was no longer pending."""
+    ended = update_element(
         settings.batch_table_name, upload_key(upload.id), "SET #status = :status REMOVE purge_shard, purge_at",
         "#status = :pending", names={"#status": "status"}, status=status, pending="pending",
-    )):
-        # Refused: no longer pending, or this very write re-sent by botocore after its answer was
-        # lost (it then finds the status it set).
-        now_upload = get_upload(settings, upload.id)
-        if now_upload is None or now_upload.status != status:
-            return False
+    )
+    given_back = [files.give_back_element(settings, upload.account_id, upload.bytes)] if upload.reserved else []
+    try:
+        transact([ended, *given_back])
+    except TransactionFailed:
+        return False  # no longer pending (a re-sent transaction is answered as its first: see create_upload)
     delete_parts(settings, upload.id, keep=set())
     return True
 
