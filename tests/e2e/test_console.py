@@ -520,12 +520,19 @@ def test_a_malformed_url_hash_reads_as_not_a_batch_id(browser: WebDriver, origin
                            "window.addEventListener('hashchange', () => { window.__routed = location.hash; });")
     # When the hash holds escapes that do not decode (decodeURIComponent throws URIError)
     for hash_ in ("#/batches/%E0%A4%A", "#/batches/%"):
+        # (a row the list's next render replaces: its absence says the list has loaded since)
+        browser.execute_script("document.querySelector('#batches-table tbody').replaceChildren("
+                               "Object.assign(document.createElement('tr'), {id: 'stale-row'}))")
         browser.execute_script("location.hash = arguments[0]", hash_)
         until(browser, lambda d, h=hash_: d.execute_script("return window.__routed") == h, f"{hash_} routed")
         # Then it is not a batch id: the list, and nothing thrown
         assert browser.execute_script("return window.__errors") == [], hash_
         until(browser, lambda d: visible(d, "batches-view"), "the list")
+        # and the page says so, still once the list has loaded
+        until(browser, lambda d: not d.find_elements(By.ID, "stale-row"), "the list loaded")
+        assert visible(browser, "error") and by_id(browser, "error").text == "That is not a batch id.", hash_
         browser.execute_script("location.hash = arguments[0]", "#/")
+    until(browser, lambda d: not visible(d, "error"), "the error cleared by moving on")
 
 
 def test_untrusted_text_stays_text_and_the_batch_can_be_deleted(

@@ -7,7 +7,7 @@ const BatchPage = (() => {
   const { ApiError, apiKey, call, storedBody, fileContent } = ConsoleApi;
   const {
     FINAL, $, state, failed, element, cell, utc, timestamp, batchLink, statusBadge, cost, metadataList,
-    showError, announce, refreshLater, confirmAction, showView,
+    announce, loaded, refreshLater, confirmAction, showView,
   } = ConsoleApp;
   const RESULTS_PER_PAGE = 50;
   const DOWNLOAD_PAGE = 1000;
@@ -67,11 +67,11 @@ const BatchPage = (() => {
       page = await call("GET", `/batches/${encodeURIComponent(id)}/results${query}`);
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) state.retryOf.delete(id); // no longer a child to link
-      if (generation === state.generation) failed(error);
+      if (generation === state.generation) failed(error, true);
       return;
     }
     if (generation !== state.generation) return;
-    showError("");
+    loaded();
     renderBatch(batch);
     renderResults(page);
     if (!FINAL.has(batch.status)) refreshLater(refreshBatch);

@@ -32,6 +32,7 @@ const ConsoleApp = (() => {
     retryOf: new Map(),
     retryKey: null, // the Idempotency-Key of the open batch's retry until it is answered
     generation: 0, // bumped on every navigation: answers for an older view are dropped
+    errorFromLoad: false, // whether the error shown is a page load's (the next load that succeeds clears it)
   };
 
   // ---- the key --------------------------------------------------------------------------
@@ -41,16 +42,16 @@ const ConsoleApp = (() => {
     stopRefresh();
     state.generation += 1;
     $("api-key").value = "";
-    showError(message || "");
     route();
+    showError(message || "");
   }
 
-  function failed(error) {
+  function failed(error, fromLoad = false) {
     if (error instanceof ApiError && error.status === 401) {
       signOut("The API key was refused (missing, revoked or expired): sign in again.");
       return;
     }
-    showError(error.message || String(error));
+    showError(error.message || String(error), fromLoad);
   }
 
   // ---- small helpers --------------------------------------------------------------------
@@ -109,10 +110,17 @@ const ConsoleApp = (() => {
     return list;
   }
 
-  function showError(message) {
+  // A page's refresh that succeeds clears only a failed load's error: an action's refusal (a
+  // cancel answered 409) or a link that is not a batch id stays until the user moves on.
+  function showError(message, fromLoad = false) {
     const box = $("error");
     box.textContent = message || "";
     box.hidden = !message;
+    state.errorFromLoad = Boolean(message) && fromLoad;
+  }
+
+  function loaded() {
+    if (state.errorFromLoad) showError("");
   }
 
   function announce(message) {
@@ -154,6 +162,7 @@ const ConsoleApp = (() => {
   function route() {
     stopRefresh();
     state.generation += 1;
+    showError(""); // an error belongs to the view it was shown on
     if (!apiKey()) {
       showView("sign-in-view");
       document.title = "Sign in · FreeInference Batch";
@@ -192,11 +201,11 @@ const ConsoleApp = (() => {
     try {
       page = await call("GET", `/batches${query}`);
     } catch (error) {
-      if (generation === state.generation) failed(error);
+      if (generation === state.generation) failed(error, true);
       return;
     }
     if (generation !== state.generation) return;
-    showError("");
+    loaded();
     renderBatches(page);
     if (page.data.some((batch) => !FINAL.has(batch.status))) refreshLater(loadBatches);
   }
@@ -263,6 +272,6 @@ const ConsoleApp = (() => {
 
   return {
     FINAL, $, state, failed, element, cell, utc, timestamp, batchLink, statusBadge, cost, metadataList,
-    showError, announce, refreshLater, confirmAction, showView,
+    showError, loaded, announce, refreshLater, confirmAction, showView,
   };
 })();
