@@ -35,7 +35,7 @@ from freeinference_batch.core import clock
 from freeinference_batch.core.catalog import Catalog, load_catalog
 from freeinference_batch.core.errors import BadRequest
 from freeinference_batch.core.observability import log_status_change, logger
-from freeinference_batch.core.schemas import BatchErrors, BatchStatus, CheckedRequest, LineError, RequestMessage
+from freeinference_batch.core.schemas import BatchErrors, BatchStatus, CheckedRequest, LineError
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.store import batch_status, files, input_chunks
 from freeinference_batch.store.batch_record import BatchRecord
@@ -153,7 +153,7 @@ def store_requests(settings: Settings, table: BatchTable, meta: BatchRecord, lin
     chains started (only by the run whose META write lands)."""
     batch_id = meta.id
     chunk_starts: list[int] = []
-    lanes: dict[str, list[int]] = {}
+    models: list[str] = []  # each request's, in order
     block: list[CheckedRequest] = []
     block_start, block_bytes, position = 0, 0, 0
 
@@ -171,7 +171,7 @@ def store_requests(settings: Settings, table: BatchTable, meta: BatchRecord, lin
     for _, line in numbered_lines(lines):
         request = check_line(line, catalog, tier)  # checked in step 1: the same file, the same answer
         block.append(request)
-        lanes.setdefault(request.model, []).append(position)
+        models.append(request.model)
         position += 1
         block_bytes += len(request.body)
         if block_bytes >= BLOCK_BYTES:
@@ -183,25 +183,20 @@ def store_requests(settings: Settings, table: BatchTable, meta: BatchRecord, lin
         raise RuntimeError(f"input file {meta.input_file_id} read {position} requests, then {total}")
 
     now = clock.now(settings.clock_offset_file)
-    lease_until = now + settings.batch_dispatch_lease_seconds
-    lane_items, messages, lane_widths = [], [], {}
-    for model, positions in lanes.items():
-        width = lane_widths[model] = catalog.models[model].batch_concurrency
-        lane_items.extend(table.lane_items(batch_id, model, positions, width, lease_until, meta.ttl))
-        messages.extend(RequestMessage(batch_id=batch_id, model=model, index=i, position=positions[i],
-                                       account_id=meta.account_id, key_hash=meta.key_hash)
-                        for i in range(min(width, len(positions))))
-    table.put_new_items(lane_items)
+    lanes = dispatch.plan_lanes(table, catalog, batch_id, models, account_id=meta.account_id,
+                                key_hash=meta.key_hash, lease_until=now + settings.batch_dispatch_lease_seconds,
+                                ttl=meta.ttl)
+    table.put_new_items(lanes.items)
     id_base = table.reserve_result_ids(total)
     updated = batch_status.checked(settings, batch_id, total=total, chunk_starts=chunk_starts,
-                                   lane_widths=lane_widths, id_base=id_base)
+                                   lane_widths=lanes.widths, id_base=id_base)
     if updated is None:
         # Cancelled, expired, failing or deleted meanwhile, or another run stored it first: nothing
         # starts (what this run wrote goes with the batch's purge, or its items' TTL).
         logger.info("file batch no longer waits for its check; not started", extra={"batch_id": batch_id})
         return
     logger.info("file batch checked and stored", extra={"batch_id": batch_id, "requests": total})
-    dispatch.start_chains(settings, table, batch_id, messages, lane_widths, lanes)
+    dispatch.start_chains(settings, table, batch_id, lanes)
 
 
 def _fail(settings: Settings, meta: BatchRecord, errors: list[LineError]) -> None:

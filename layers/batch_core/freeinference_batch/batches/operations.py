@@ -31,7 +31,6 @@ from freeinference_batch.core.schemas import (
     CreateFileBatchBody,
     DeletedBatch,
     Page,
-    RequestMessage,
 )
 from freeinference_batch.core.settings import Settings
 from freeinference_batch.ops import schedules
@@ -210,27 +209,17 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
             items.append(table.chunk_item_in_s3(batch_id, number, run.data, ttl))
         else:
             items.append(table.chunk_item(batch_id, number, run.data, ttl))
-    lanes: dict[str, list[int]] = {}
-    for position, request in enumerate(requests):
-        lanes.setdefault(request.model, []).append(position)
-    lease_until = now + settings.batch_dispatch_lease_seconds
-    first_messages = []
-    lane_widths = {}
-    for model, positions in lanes.items():
-        width = lane_widths[model] = catalog.models[model].batch_concurrency
-        items.extend(table.lane_items(batch_id, model, positions, width, lease_until, ttl))
-        first_messages.extend(
-            RequestMessage(batch_id=batch_id, model=model, index=i, position=positions[i],
-                           account_id=principal.account_id, key_hash=principal.key_hash)
-            for i in range(min(width, len(positions)))
-        )
+    lanes = dispatch.plan_lanes(table, catalog, batch_id, [request.model for request in requests],
+                                account_id=principal.account_id, key_hash=principal.key_hash,
+                                lease_until=now + settings.batch_dispatch_lease_seconds, ttl=ttl)
+    items.extend(lanes.items)
     table.put_items(items)
 
     # 2. META and the unfinished count together: the batch becomes visible whole, and two
     #    concurrent creates cannot both pass the limit.
     meta = batch_status.new_meta(batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
                                  created_at=created_at, window_seconds=window, total=len(requests), metadata=metadata,
-                                 id_base=id_base, chunk_starts=chunk_starts, lane_widths=lane_widths, ttl=ttl,
+                                 id_base=id_base, chunk_starts=chunk_starts, lane_widths=lanes.widths, ttl=ttl,
                                  retry_of=retry_of, input_file_id=input_file_id)
     elements = batch_status.create(settings, meta)
     # The answer from the item as written, read the way every later read reads it.
@@ -245,7 +234,7 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
             # META exists: only this call can have written it (the id is new), so an earlier try
             # of this same transaction committed and its answer was lost (botocore re-sends after
             # a 5xx or a reset connection). The batch is stored: carry on, never purge it.
-            dispatch.start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
+            dispatch.start_chains(settings, table, batch_id, lanes)
             return Created(answer)
         # Nothing of it is visible: remove what step 1 stored (its S3 objects by name, so the API
         # needs no right to list the bucket).
@@ -254,7 +243,7 @@ def store_batch(settings: Settings, principal: Principal, catalog: Catalog, requ
 
     # 3. Start the chains. The batch is stored: whatever happens now, the answer is 200 (a 5xx
     #    would make a client retry and create it twice), and the sweep starts what this misses.
-    dispatch.start_chains(settings, table, batch_id, first_messages, lane_widths, lanes)
+    dispatch.start_chains(settings, table, batch_id, lanes)
     return Created(answer)
 
 
