@@ -10,8 +10,8 @@ from typing import Any
 
 from freeinference_batch.core import aws
 from freeinference_batch.store import files, objects
-from freeinference_batch_local.handlers import LambdaContext, load_handler
-from freeinference_batch_local.triggers.sqs import failed_message_ids, sqs_record
+
+from tests.service.batches.file_batches import pump_jobs
 
 
 def line_of(request: dict) -> bytes:
@@ -55,23 +55,11 @@ def job_messages(harness) -> list[dict]:
 
 
 def run_jobs(harness, seconds: float = 900) -> int:
-    """Each message of the batch jobs queue through the jobs function (BatchSize 1), deleted when
-    not reported failed; until the queue is empty. Answers how many ran."""
-    handler = load_handler("batch_jobs")
-    sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    ran = 0
-    while messages := job_messages(harness):
-        for message in messages:
-            record = sqs_record(message, arn)
-            answer = handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, seconds))
-            ran += 1
-            if not failed_message_ids(answer, [record["messageId"]]):
-                sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-            else:
-                raise AssertionError(f"the job step failed: {message['Body']}")
+    """Each message of the batch jobs queue through the jobs function (file_batches.pump_jobs),
+    until the queue is empty; a step that fails fails the test. Answers how many ran."""
+    ran, failed = pump_jobs(harness, seconds)
+    assert not failed, "a batch job's step failed"
     return ran
-
 
 
 def run_file_batch_to_final(harness, batch_id: str, timeout: float = 30.0) -> dict:
