@@ -173,6 +173,31 @@ def test_an_empty_file_and_too_many_lines_fail_it(harness):
     assert error["code"] == "too_many_requests" and error["line"] == 3
 
 
+def test_a_check_past_its_share_of_the_step_fails_it_and_leaves_the_rest_for_storing(harness, monkeypatch):
+    # Given a file of 1,000 lines (the check looks at its clock every 1,000), and a step clock that
+    # reads 0 as the step starts and 50 s at that look, in a step of 120 s
+    record = input_file(harness, _good_lines(1000))
+    _, batch = create_from(harness, record.id)
+
+    class StepClock:
+        reads = 0
+
+        def monotonic(self) -> float:
+            self.reads += 1
+            return 0.0 if self.reads == 1 else 50.0
+
+    monkeypatch.setattr(file_batches, "time", StepClock())
+    # When its check runs: 50 s is past the check's third of the step (40 s), though inside the step
+    assert file_batches.validate(harness.settings, batch["id"], 120.0) is True
+    # Then the batch fails naming the line it reached, and nothing of it is stored
+    failed = harness.batch(batch["id"])
+    assert failed["status"] == "failed", failed
+    assert failed["errors"]["data"] == [{
+        "code": "file_check_timeout", "line": 1000, "param": None,
+        "message": "The file could not be checked within the time one check has; split it into smaller files"}]
+    assert BatchTable(harness.settings).get_lanes(batch["id"]) == [] and _unfinished(harness) == 0
+
+
 def test_errors_name_at_most_the_stated_number_of_lines(harness, monkeypatch):
     monkeypatch.setattr(file_batches, "ERRORS_MAX", 3)
     record = input_file(harness, [line_of(sample_request(f"q-{i}", model="gone")) for i in range(6)])
