@@ -18,6 +18,14 @@ $(SAM):
 	$(PYTHON) -m venv .tools/sam
 	.tools/sam/bin/pip install -q aws-sam-cli
 
+# The security scanners (tests/deploy/test_security_scans.py) in their own venv too: checkov pins
+# packaging<24, which the project's pytest refuses, and brings a few hundred MB.
+SCANNERS := .tools/security/.installed
+$(SCANNERS):
+	$(PYTHON) -m venv .tools/security
+	.tools/security/bin/pip install -q checkov bandit
+	touch $@
+
 # The console's browser tests (tests/e2e/test_console.py) drive Debian's Chromium through its
 # ChromeDriver: installed from the distribution's packages, never downloaded by a test at run time.
 CHROMEDRIVER := /usr/bin/chromedriver
@@ -26,7 +34,7 @@ $(CHROMEDRIVER):
 	$(SUDO) apt-get update -q
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium chromium-driver
 
-install: $(VENV) $(SAM) $(CHROMEDRIVER)
+install: $(VENV) $(SAM) $(SCANNERS) $(CHROMEDRIVER)
 
 test: install
 	.venv/bin/pytest -q

@@ -277,7 +277,7 @@ class UpstreamSimulator:
             target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="upstream-sim", daemon=True
         )
         self._thread.start()
-        # nosec B104: not a bind; the URL to reach a server bound to every interface is loopback.
+        # (bandit's B104 takes this for a bind: it is the URL of a server bound to every interface.)
         url_host = "127.0.0.1" if host in ("", "0.0.0.0") else host  # nosec B104
         self.base_url = f"http://{url_host}:{server.server_address[1]}/v1"
         return self.base_url

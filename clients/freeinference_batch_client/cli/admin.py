@@ -308,7 +308,7 @@ def faults_command(ctx: click.Context) -> None:
     if not endpoint:
         raise click.ClickException(f"{state_file} names no moto server (AWS_ENDPOINT_URL)")
     try:
-        # nosec B310: the URL is the local stack's own moto endpoint from its state file, not user input.
+        # (bandit's B310, urlopen: the URL is the local stack's own moto endpoint from its state file.)
         with urllib.request.urlopen(endpoint.rstrip("/") + FAULTS_PATH, timeout=30) as answer:  # nosec B310
             counts = json.loads(answer.read())
     except (urllib.error.URLError, OSError, ValueError) as error:

@@ -88,7 +88,8 @@ def load_template(path: str | Path, *, nested: bool = True) -> dict[str, Any]:
     `nested`, every nested application whose Location is a local file is expanded in place
     (`expand_applications`), so callers see one namespace of resources as the deployed whole."""
     with open(path, encoding="utf-8") as handle:
-        template = yaml.load(handle, Loader=_CfnLoader)  # nosec B506: a SafeLoader subclass, no arbitrary objects
+        # (bandit's B506: _CfnLoader is a SafeLoader subclass, which makes no arbitrary objects.)
+        template = yaml.load(handle, Loader=_CfnLoader)  # nosec B506
     if not isinstance(template, dict):
         raise ValueError(f"{path}: not a CloudFormation template (top level is not a mapping)")
     return expand_applications(template, Path(path).parent) if nested else template
