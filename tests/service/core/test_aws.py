@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -24,6 +25,8 @@ class FakeDynamoDB:
     def __init__(self) -> None:
         self.failures = 0
         self.error = CONFLICT
+        self.hangs = 0  # the first `hangs` requests get no answer (until the fake stops)
+        self.stopped = threading.Event()
         self.requests: list[str] = []
         fake = self
 
@@ -31,6 +34,9 @@ class FakeDynamoDB:
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 fake.requests.append(self.headers.get("X-Amz-Target", ""))
+                if len(fake.requests) <= fake.hangs:
+                    fake.stopped.wait(60)
+                    return
                 failing = len(fake.requests) <= fake.failures
                 body = fake.error if failing else b"{}"
                 self.send_response(400 if failing else 200)
@@ -58,6 +64,7 @@ def fake(monkeypatch) -> Iterator[FakeDynamoDB]:
         monkeypatch.setenv(name, value)
     aws.reset_clients()
     yield server
+    server.stopped.set()
     server.server.shutdown()
     aws.reset_clients()
 
@@ -87,3 +94,25 @@ def test_other_errors_are_left_to_botocore(fake):
         update()
     assert raised.value.response["Error"]["Code"] == "ConditionalCheckFailedException"
     assert len(fake.requests) == 1
+
+
+def test_an_attempt_that_never_answers_is_cut_and_sent_again(fake, monkeypatch):
+    monkeypatch.setattr(aws, "READ_TIMEOUT_SECONDS", 0.5)
+    aws.reset_clients()
+    fake.hangs = 1
+    started = time.monotonic()
+    update()
+    assert len(fake.requests) == 2 and time.monotonic() - started < 5
+
+
+def test_under_a_deadline_a_call_whose_attempts_hang_gives_up_before_it(fake, monkeypatch):
+    # Given attempts that never answer, cut after 2 s each, within 5 s of an invocation
+    monkeypatch.setattr(aws, "READ_TIMEOUT_SECONDS", 2.0)
+    aws.reset_clients()
+    fake.hangs = 100
+    started = time.monotonic()
+    # When a call is made, then it stops once another hung attempt would not end in time
+    with aws.deadline(5.0), pytest.raises(aws.OutOfTime):
+        update()
+    assert time.monotonic() - started < 5.0 - aws.ANSWER_RESERVE_SECONDS + 0.5
+    assert 1 <= len(fake.requests) < aws.MAX_ATTEMPTS

@@ -29,7 +29,14 @@ from botocore.exceptions import (
 
 _lock = threading.Lock()
 MAX_ATTEMPTS = 5
-_CONFIG = Config(retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"}, max_pool_connections=64)
+# One attempt that never answers is cut after these (botocore's defaults are 60 s each: longer
+# than the API function's 29 s, which would then end with API Gateway's bare 503 and nothing
+# logged). A DynamoDB, SQS, EventBridge, CloudWatch or Secrets Manager call answers in
+# milliseconds; S3 keeps botocore's 60 s read timeout, since CompleteMultipartUpload may answer
+# slowly (it sends whitespace while it joins the parts).
+CONNECT_TIMEOUT_SECONDS = 3.0
+READ_TIMEOUT_SECONDS = 10.0
+S3_READ_TIMEOUT_SECONDS = 60.0
 # A plain write to an item that a transaction is writing answers TransactionConflictException,
 # which botocore's retry modes do not retry (DynamoDB's documentation asks the caller to). It
 # was applied nowhere, so it is re-sent like a throttle: up to this many attempts in all, with
@@ -120,10 +127,15 @@ def give_up_at_the_deadline(response: Any = None, caught_exception: BaseExceptio
     ends = getattr(_invocation, "deadline", None)
     if ends is None or attempts >= max(MAX_ATTEMPTS, CONFLICT_ATTEMPTS):
         return None  # no deadline, or botocore gives up by itself (and its error is answered)
+    hang = 0.0  # an attempt that did not answer: the next may not either, for as long
     if caught_exception is not None:
         if not isinstance(caught_exception, _CONNECTION_FAILURES):
             return None
         reason, http_response = type(caught_exception).__name__, None
+        if isinstance(caught_exception, ReadTimeoutError):
+            hang = _read_timeout(getattr(getattr(operation, "service_model", None), "service_name", ""))
+        elif isinstance(caught_exception, ConnectTimeoutError):
+            hang = CONNECT_TIMEOUT_SECONDS
     else:
         http_response, parsed = response or (None, {})
         error = (parsed or {}).get("Error", {}).get("Code", "")
@@ -131,15 +143,21 @@ def give_up_at_the_deadline(response: Any = None, caught_exception: BaseExceptio
         if error not in _PASSING_ERROR_CODES and status < 500:
             return None
         reason = error or f"HTTP {status}"
-    if ends - time.monotonic() - _longest_delay(attempts, http_response) < ANSWER_RESERVE_SECONDS:
+    if ends - time.monotonic() - _longest_delay(attempts, http_response) - hang < ANSWER_RESERVE_SECONDS:
         raise OutOfTime(operation=getattr(operation, "name", "an AWS call"), reason=reason)
     return None
 
 
+def _read_timeout(service: str) -> float:
+    return S3_READ_TIMEOUT_SECONDS if service == "s3" else READ_TIMEOUT_SECONDS
+
+
 @cache
 def _client(service: str) -> Any:
+    config = Config(retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"}, max_pool_connections=64,
+                    connect_timeout=CONNECT_TIMEOUT_SECONDS, read_timeout=_read_timeout(service))
     with _lock:  # boto3's default session is not thread-safe while it creates clients
-        client = boto3.session.Session().client(service, config=_CONFIG)
+        client = boto3.session.Session().client(service, config=config)
     client.meta.events.register_first("needs-retry", give_up_at_the_deadline)
     if service == "dynamodb":
         # After botocore's own handler, which answers None for an error it does not retry.
