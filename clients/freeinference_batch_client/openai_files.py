@@ -326,7 +326,8 @@ _NO_ERROR = {
 def output_line(result: Mapping[str, Any]) -> dict[str, Any]:
     """One line of OpenAI's batch output-file format for one of our result lines:
     `{"id", "custom_id", "response": {"status_code", "request_id", "body"} | null,
-    "error": {"code", "message"} | null}`."""
+    "error": {"code", "message"} | null}`; a request the model's API refused (an error with an
+    HTTP `status`) is a response of that status, as OpenAI's error files have it."""
     status = result.get("status")
     response = result.get("response")
     error = result.get("error")
@@ -345,6 +346,11 @@ def output_line(result: Mapping[str, Any]) -> dict[str, Any]:
         code, message = error.get("code"), error.get("message")
     else:
         code, message = _NO_ERROR.get(str(status), ("unknown", f"No response (status {status!r})"))
+    if error and error.get("status") is not None:
+        # The model's API refused it: OpenAI writes that as the HTTP answer, its body the error.
+        body = {"error": {"message": message, "type": code, "param": None, "code": code}}
+        return {"id": result["id"], "custom_id": result["custom_id"], "error": None,
+                "response": {"status_code": error["status"], "request_id": None, "body": body}}
     return {"id": result["id"], "custom_id": result["custom_id"], "response": None,
             "error": {"code": code, "message": message}}
 

@@ -266,11 +266,12 @@ def test_output_line_of_a_completed_request_is_openais_format():
     assert list(line) == ["id", "custom_id", "response", "error"]
 
 
-def test_output_line_of_a_failed_request_has_a_code_and_message_only():
+def test_output_line_of_a_request_the_model_refused_is_its_http_answer_as_openai_writes_it():
     line = openai_files.output_line(result(
         "failed", error={"code": "invalid_request", "message": "bad", "status": 400}))
-    assert line == {"id": "batch_req_7", "custom_id": "q-1", "response": None,
-                    "error": {"code": "invalid_request", "message": "bad"}}
+    assert line == {"id": "batch_req_7", "custom_id": "q-1", "error": None, "response": {
+        "status_code": 400, "request_id": None,
+        "body": {"error": {"message": "bad", "type": "invalid_request", "param": None, "code": "invalid_request"}}}}
 
 
 @pytest.mark.parametrize(

@@ -185,7 +185,8 @@ def test_results_merged_writes_each_custom_ids_latest_outcome(cli, tmp_path):
     assert [(line["custom_id"], line["response"]["body"]["from"]) for line in written] == [
         ("q-0", ROOT), ("q-1", CHILD), ("q-2", ROOT), ("q-3", GRANDCHILD), ("q-5", ROOT)]
     failed = [json.loads(line) for line in errors.read_text().splitlines()]
-    assert [(line["custom_id"], line["error"]["message"]) for line in failed] == [("q-4", GRANDCHILD)]
+    assert [(line["custom_id"], line["response"]["status_code"], line["response"]["body"]["error"]["message"])
+            for line in failed] == [("q-4", 429, GRANDCHILD)]
     assert f"merging 3 batches, newest first: {GRANDCHILD}, {CHILD}, {ROOT}" in ran.stderr
 
 

@@ -44,13 +44,19 @@ def wait_final(sdk: openai.OpenAI, batch_id: str, timeout: float = 120.0):
 
 def as_file_line(result: dict) -> dict:
     """What OpenAI's output or error file says of a results-page line: a completed request's
-    response, or a failed one's error (its code and message)."""
+    response; a request the model's API refused, a response of its HTTP status with the error as
+    its body, as OpenAI writes it; any other failure, its error (code and message)."""
     if result["status"] == "completed":
         response = result["response"]
         return {"id": result["id"], "custom_id": result["custom_id"], "error": None,
                 "response": {key: response[key] for key in ("status_code", "request_id", "body")}}
-    return {"id": result["id"], "custom_id": result["custom_id"], "response": None,
-            "error": {key: result["error"][key] for key in ("code", "message")}}
+    error = result["error"]
+    if error.get("status") is None:
+        return {"id": result["id"], "custom_id": result["custom_id"], "response": None,
+                "error": {key: error[key] for key in ("code", "message")}}
+    body = {"error": {"message": error["message"], "type": error["code"], "param": None, "code": error["code"]}}
+    return {"id": result["id"], "custom_id": result["custom_id"], "error": None,
+            "response": {"status_code": error["status"], "request_id": None, "body": body}}
 
 
 def test_the_openai_sdks_file_flow_runs_unchanged(stack, tmp_path):
@@ -97,6 +103,11 @@ def test_the_openai_sdks_file_flow_runs_unchanged(stack, tmp_path):
         else:
             assert batch.error_file_id is None
     assert runs["small"][0].request_counts.failed == 4
+    # The model's 400s read as OpenAI's do: a response of that status, its body the error
+    refused = [json.loads(line) for line in sdk.files.content(runs["small"][0].error_file_id).text.splitlines()]
+    assert [(r["custom_id"], r["response"]["status_code"], r["error"]) for r in refused] == [
+        (f"q-{n}", 400, None) for n in (4, 9, 14, 19)]
+    assert all(r["response"]["body"]["error"]["message"] for r in refused)
 
     # files.list shows the inputs and the outputs; delete takes a file and its content at once
     listed = {f.id for f in sdk.files.list()}

@@ -62,6 +62,15 @@ def file_lines(harness, file_id: str | None) -> list[dict]:
     return [json.loads(line) for line in files.iter_lines(harness.settings, record)]
 
 
+def openai_error(error: dict) -> dict:
+    """OpenAI's error-file fields for a results-page error: the model API's refusal (an HTTP
+    `status`) as a response with that status and an error body, any other as `error`."""
+    if error.get("status") is None:
+        return {"response": None, "error": {"code": error["code"], "message": error["message"]}}
+    body = {"error": {"message": error["message"], "type": error["code"], "param": None, "code": error["code"]}}
+    return {"response": {"status_code": error["status"], "request_id": None, "body": body}, "error": None}
+
+
 def expected_files(results: list[dict]) -> tuple[list[dict], list[dict]]:
     """The output and error files the results pages call for, line by line: OpenAI's shape."""
     output, error = [], []
@@ -70,7 +79,6 @@ def expected_files(results: list[dict]) -> tuple[list[dict], list[dict]]:
             response = {k: r["response"][k] for k in ("status_code", "request_id", "body")}
             output.append({"id": r["id"], "custom_id": r["custom_id"], "response": response, "error": None})
         else:
-            e = r["error"] or NOT_RUN[r["status"]]
-            error.append({"id": r["id"], "custom_id": r["custom_id"], "response": None,
-                          "error": {"code": e["code"], "message": e["message"]}})
+            fields = openai_error(r["error"] or NOT_RUN[r["status"]])
+            error.append({"id": r["id"], "custom_id": r["custom_id"], **fields})
     return output, error
