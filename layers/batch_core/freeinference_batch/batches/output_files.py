@@ -27,12 +27,10 @@ requests x an 8 MiB answer = 390.6 GiB); a file that would need more parts fails
 
 from __future__ import annotations
 
-import bisect
 import json
 import time
-from collections.abc import Iterator
 
-from freeinference_batch.batches import views
+from freeinference_batch.batches.results import result_lines
 from freeinference_batch.core import clock
 from freeinference_batch.core.observability import log_status_change, logger
 from freeinference_batch.core.schemas import BatchStatus, RequestStatus
@@ -82,31 +80,6 @@ def file_line(line: dict) -> tuple[Kind, bytes]:
         kind = "error"
     data = json.dumps(out, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() + b"\n"
     return kind, data
-
-
-def result_lines(table: BatchTable, view: BatchRecord, first: int, responses_from: int) -> Iterator[tuple[int, dict]]:
-    """(position, results-page line) of every request from `first`, in order, as `view` (the batch
-    with its final status) shows them; the responses of completed requests read from position
-    `responses_from` on (before it, no file needs them)."""
-    if first >= view.total:
-        return
-    starts = view.chunk_starts
-    states = table.iter_requests(view.id, first, view.total - 1)
-    stated, state_of_stated = next(states, (None, None))
-    number = bisect.bisect_right(starts, first) - 1
-    custom_ids = table.get_custom_ids(view.id, number)
-    for position in range(first, view.total):
-        if number + 1 < len(starts) and position >= starts[number + 1]:
-            number += 1
-            custom_ids = table.get_custom_ids(view.id, number)
-        while stated is not None and stated < position:
-            stated, state_of_stated = next(states, (None, None))
-        state = state_of_stated if stated == position else None
-        response = None
-        if state and state.get("status") == RequestStatus.COMPLETED and position >= responses_from:
-            response = table.load_response(state)
-        result_id = f"batch_req_{view.id_base + position}"
-        yield position, views.result_line(view, result_id, custom_ids[position - starts[number]], state, response)
 
 
 class _Writer:
@@ -200,7 +173,7 @@ def write_files(settings: Settings, batch_id: str, deadline: float) -> bool:
         output = step.progress.output
         responses_from = meta.total if output.done else output.position
         part_bytes = settings.batch_files_part_bytes
-        for position, line in result_lines(table, view, first, responses_from):
+        for position, _, line in result_lines(table, view, first, view.total - 1, responses_from):
             kind: Kind = "output" if line["status"] == RequestStatus.COMPLETED else "error"
             state = step.progress.of(kind)
             if state.done or position < state.position:

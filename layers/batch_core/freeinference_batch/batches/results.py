@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Iterator
 
 from freeinference_batch.accounts import Principal
 from freeinference_batch.batches import views
@@ -37,6 +38,33 @@ def position_after(meta: BatchRecord, after: str | None) -> int:
     return position + 1
 
 
+def result_lines(table: BatchTable, meta: BatchRecord, first: int, last: int,
+                 responses_from: int | None = None) -> Iterator[tuple[int, dict | None, dict]]:
+    """(position, item or None, result line) of the requests from `first` to `last`, in order, as
+    `meta` shows them; read as far as the caller goes. The responses of completed requests are
+    read from position `responses_from` on (`first` when not given; before it, none is read)."""
+    if first > last:
+        return
+    responses_from = first if responses_from is None else responses_from
+    states = table.iter_requests(meta.id, first, last)
+    stated, state_of_stated = next(states, (None, None))
+    starts = meta.chunk_starts
+    number = bisect.bisect_right(starts, first) - 1
+    custom_ids = table.get_custom_ids(meta.id, number)
+    for position in range(first, last + 1):
+        if number + 1 < len(starts) and position >= starts[number + 1]:
+            number += 1
+            custom_ids = table.get_custom_ids(meta.id, number)
+        while stated is not None and stated < position:
+            stated, state_of_stated = next(states, (None, None))
+        state = state_of_stated if stated == position else None
+        response = None
+        if state and state.get("status") == RequestStatus.COMPLETED and position >= responses_from:
+            response = table.load_response(state)
+        custom_id = custom_ids[position - starts[number]]
+        yield position, state, views.result_line(meta, result_id(meta, position), custom_id, state, response)
+
+
 def list_results(settings: Settings, principal: Principal, batch_id: str, limit: int, after: str | None) -> dict:
     meta = owned_meta(settings, principal, batch_id)
     table = BatchTable(settings)
@@ -45,31 +73,16 @@ def list_results(settings: Settings, principal: Principal, batch_id: str, limit:
     data: list[dict] = []
     budget = pages.Budget(settings.batch_page_budget_bytes)
     end = first  # the first position not on this page
-    if first <= last:
-        states = table.iter_requests(batch_id, first, last)
-        stated, state_of_stated = next(states, (None, None))
-        starts = meta.chunk_starts
-        number = bisect.bisect_right(starts, first) - 1
-        custom_ids, chunk_start = table.get_custom_ids(batch_id, number), starts[number]
-        for position in range(first, last + 1):
-            if number + 1 < len(starts) and position >= starts[number + 1]:
-                number += 1
-                custom_ids, chunk_start = table.get_custom_ids(batch_id, number), starts[number]
-            custom_id = custom_ids[position - chunk_start]
-            while stated is not None and stated < position:  # read on only as far as the page goes
-                stated, state_of_stated = next(states, (None, None))
-            state = state_of_stated if stated == position else None
-            response = table.load_response(state) if state and state.get("status") == RequestStatus.COMPLETED else None
-            line = views.result_line(meta, result_id(meta, position), custom_id, state, response)
+    for position, state, line in result_lines(table, meta, first, last):
+        cost = pages.invoke_bytes(line)
+        if not budget.fits(cost):
+            if data:
+                break  # the next page starts with this line
+            line = _linked(table, state, line)  # too big for any page: its body by a link
             cost = pages.invoke_bytes(line)
-            if not budget.fits(cost):
-                if data:
-                    break  # the next page starts with this line
-                line = _linked(table, state, line)  # too big for any page: its body by a link
-                cost = pages.invoke_bytes(line)
-            budget.take(cost)
-            data.append(line)
-            end = position + 1
+        budget.take(cost)
+        data.append(line)
+        end = position + 1
     return Page(
         data=data,
         has_more=end < meta.total,
