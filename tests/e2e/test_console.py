@@ -15,36 +15,35 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 from conftest import REPO, Api, StackProcess, wait_for
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
-from selenium.webdriver.chrome.service import Service
+from console_browser import (
+    WAIT_SECONDS,
+    batch_row,
+    by_id,
+    chromium,
+    csp_violations,
+    open_batch,
+    result_rows,
+    row_progress,
+    screenshot,
+    sign_in,
+    until,
+    visible,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-# Without a network, Chromium waits on refused connections (updates, sync, QUIC probes): these
-# flags keep it from trying any.
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1280,1000",
-]
 CLI = [sys.executable, "-c", "from freeinference_batch_client.cli import main; main()"]
 MODEL = "glm-5.3-flash"
-WAIT_SECONDS = 60.0
 # Three kinds of markup a page that used innerHTML would turn into elements (and, without the CSP,
 # run): an image whose error handler sets a flag, a script, and a bold tag.
 XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script><b>bold</b>'
@@ -84,93 +83,8 @@ def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterator[WebDriver]:
-    if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
-        message = "chromium and chromedriver are missing: `make install` installs Debian's chromium and chromium-driver"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
-                                              "download.prompt_for_download": False})
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
-    try:
+    with chromium(tmp_path_factory.mktemp("chromium-profile"), downloads) as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def until(driver: WebDriver, condition: Callable[[WebDriver], Any], message: str, timeout: float = WAIT_SECONDS) -> Any:
-    def checked(d: WebDriver) -> Any:
-        try:
-            return condition(d)
-        except StaleElementReferenceException:  # the page redrew the element: look again
-            return None
-    try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(checked, message)
-    except TimeoutException:
-        # What the page showed, for the failure's message: its error line and a screenshot.
-        shot = Path(os.environ.get("CONSOLE_SCREENSHOTS") or "/tmp") / "console-timeout.png"
-        driver.save_screenshot(str(shot))
-        error = driver.find_elements(By.ID, "error")
-        shown = error[0].text if error else ""
-        raise AssertionError(f"timed out after {timeout} s waiting for {message}; page error: {shown!r}; "
-                             f"url {driver.current_url}; screenshot {shot}") from None
-
-
-def by_id(driver: WebDriver, element_id: str) -> WebElement:
-    return driver.find_element(By.ID, element_id)
-
-
-def visible(driver: WebDriver, element_id: str) -> bool:
-    return by_id(driver, element_id).is_displayed()
-
-
-def batch_row(driver: WebDriver, batch_id: str) -> WebElement | None:
-    rows = driver.find_elements(By.CSS_SELECTOR, f'#batches-table tr[data-batch-id="{batch_id}"]')
-    return rows[0] if rows else None
-
-
-def row_progress(driver: WebDriver, batch_id: str) -> tuple[int, int] | None:
-    row = batch_row(driver, batch_id)
-    if row is None:
-        return None
-    bar = row.find_element(By.TAG_NAME, "progress")
-    return int(float(bar.get_attribute("value"))), int(float(bar.get_attribute("max")))
-
-
-def sign_in(driver: WebDriver, origin: str, key: str) -> None:
-    driver.get(origin + "/")
-    if not visible(driver, "sign-in-view"):
-        return
-    field = by_id(driver, "api-key")
-    field.clear()
-    field.send_keys(key)
-    by_id(driver, "sign-in-form").submit()
-    until(driver, lambda d: visible(d, "batches-view"), "the batches view after signing in")
-
-
-def open_batch(driver: WebDriver, origin: str, batch_id: str) -> None:
-    driver.get(f"{origin}/#/batches/{batch_id}")
-    until(driver, lambda d: visible(d, "batch-view") and by_id(d, "batch-title").text == batch_id
-          and by_id(d, "batch-view").get_attribute("aria-busy") == "false", "the batch view loaded")
-
-
-def result_rows(driver: WebDriver) -> list[WebElement]:
-    return driver.find_elements(By.CSS_SELECTOR, "#results-table tbody tr")
-
-
-def screenshot(driver: WebDriver, shots: Path, name: str) -> None:
-    driver.save_screenshot(str(shots / f"{name}.png"))
-
-
-def csp_violations(driver: WebDriver) -> list[str]:
-    return [entry["message"] for entry in driver.get_log("browser") if "Content Security Policy" in entry["message"]]
 
 
 # ---------------------------------------------------------------- served as files, with headers
@@ -508,7 +422,7 @@ def test_download_writes_the_output_file_the_cli_writes(
     downloaded = [json.loads(line) for line in saved.read_text(encoding="utf-8").splitlines()]
     assert downloaded == [json.loads(line) for line in cli_output.read_text(encoding="utf-8").splitlines()]
     assert len(downloaded[2]["response"]["body"]["choices"][0]["message"]["content"]) > 1_000_000
-    assert downloaded[1]["error"]["code"] == "invalid_request" and downloaded[1]["response"] is None
+    assert downloaded[1]["response"]["body"]["error"]["code"] == "invalid_request" and downloaded[1]["error"] is None
     assert csp_violations(browser) == []
 
 
