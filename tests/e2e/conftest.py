@@ -35,8 +35,10 @@ from typing import Any, TypeVar
 
 import pytest
 import requests
+from console_browser import chromium
 from freeinference_batch.core import clock
 from freeinference_batch_local.upstream_sim import UpstreamSimulator
+from selenium.webdriver.remote.webdriver import WebDriver
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_SECONDS = 60.0
@@ -402,3 +404,16 @@ def own_stack(tmp_path: Path, sim: UpstreamSimulator) -> Iterator:
     yield start
     for process in mine:
         process.stop()
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where a module's browser saves what its pages download."""
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterator[WebDriver]:
+    """A headless Chromium for the module's console tests (console_browser.chromium)."""
+    with chromium(tmp_path_factory.mktemp("chromium-profile"), downloads) as driver:
+        yield driver

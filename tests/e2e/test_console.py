@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from console_browser import (
     WAIT_SECONDS,
     batch_row,
     by_id,
-    chromium,
     csp_violations,
     open_batch,
     result_rows,
@@ -74,17 +72,6 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = Path(os.environ.get("CONSOLE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-@pytest.fixture(scope="module")
-def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("downloads")
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterator[WebDriver]:
-    with chromium(tmp_path_factory.mktemp("chromium-profile"), downloads) as driver:
-        yield driver
 
 
 # ---------------------------------------------------------------- served as files, with headers

@@ -8,13 +8,12 @@ shows that the download works.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 from conftest import StackProcess, wait_for
-from console_browser import WAIT_SECONDS, by_id, chromium, csp_violations, open_batch, sign_in, until
+from console_browser import WAIT_SECONDS, by_id, csp_violations, open_batch, sign_in, until
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -25,17 +24,6 @@ FINAL = ("completed", "failed", "expired", "cancelled")
 @pytest.fixture(scope="module")
 def key(stack: StackProcess) -> str:
     return stack.create_key("e2e-console-files", tier="internal")
-
-
-@pytest.fixture(scope="module")
-def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("downloads")
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterator[WebDriver]:
-    with chromium(tmp_path_factory.mktemp("chromium-profile"), downloads) as driver:
-        yield driver
 
 
 def test_a_file_batchs_page_downloads_its_input_output_and_error_files(
