@@ -33,7 +33,9 @@ from pydantic import BaseModel, Field
 from freeinference_batch_client.client import encode_json
 
 DEFAULT_MAX_REQUESTS: int = Settings.model_fields["batch_max_requests"].default
-DEFAULT_MAX_BODY_BYTES: int = Settings.model_fields["batch_max_body_bytes"].default
+# `submit` sends each batch of a job as an input file (OpenAI's flow): the service takes files of
+# up to this many bytes (the inline create's 32 MiB body limit does not apply to them).
+DEFAULT_MAX_FILE_BYTES: int = Settings.model_fields["file_max_bytes"].default
 # Metadata the CLI adds to each batch of a job, so an interrupted submit finds what it created.
 JOB_KEY = "freeinference_job"
 PART_KEY = "freeinference_part"
@@ -182,12 +184,9 @@ def job_metadata(user_metadata: Mapping[str, str] | None, job_id: str, part: int
 # ---- splitting ------------------------------------------------------------------------------
 
 
-def body_size(encoded: Sequence[bytes], metadata: Mapping[str, str] | None) -> int:
-    """Bytes of the create body `client.encode_create_body` makes for these requests."""
-    overhead = len(b'{"requests":[]}') + max(0, len(encoded) - 1)  # brackets, braces and commas
-    if metadata is not None:
-        overhead += len(b',"metadata":') + len(encode_json(dict(metadata)))
-    return overhead + sum(len(item) for item in encoded)
+def file_content(items: Sequence[InputRequest]) -> bytes:
+    """The input file of these requests: each one's line, newline-terminated."""
+    return b"".join(item.encoded + b"\n" for item in items)
 
 
 class Part(BaseModel):
@@ -205,31 +204,28 @@ class Part(BaseModel):
 def plan_parts(
     items: Sequence[InputRequest],
     max_requests: int = DEFAULT_MAX_REQUESTS,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    metadata: Mapping[str, str] | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> list[Part]:
-    """Consecutive runs of requests, as long as the limits allow: at most `max_requests` each,
-    and a create body (with `metadata`, which should be the largest a part will carry) of at
-    most `max_body_bytes`. A request too big for a batch on its own is an InputFileError."""
-    if max_requests < 1 or max_body_bytes < 1:
+    """Consecutive runs of requests, as long as the limits allow: at most `max_requests` each, in
+    an input file (`file_content`) of at most `max_file_bytes`. A request too big for a file on
+    its own is an InputFileError."""
+    if max_requests < 1 or max_file_bytes < 1:
         raise ValueError("the limits must be positive")
-    fixed = body_size([], metadata)
     parts: list[Part] = []
-    start, size = 0, fixed
+    start, size = 0, 0
     for index, item in enumerate(items):
-        alone = fixed + len(item.encoded)
-        if alone > max_body_bytes:
+        line = len(item.encoded) + 1
+        if line > max_file_bytes:
             raise InputFileError([
-                f"line {item.line}: this request alone makes a create body of {alone} bytes; "
-                f"a batch takes at most {max_body_bytes} bytes"
+                f"line {item.line}: this request alone makes an input file of {line} bytes; "
+                f"a batch's file holds at most {max_file_bytes} bytes"
             ])
         count = index - start
-        grown = size + len(item.encoded) + (1 if count else 0)
-        if count and (count >= max_requests or grown > max_body_bytes):
+        if count and (count >= max_requests or size + line > max_file_bytes):
             parts.append(_part(items, len(parts), start, index))
-            start, size = index, fixed + len(item.encoded)
+            start, size = index, line
         else:
-            size = grown
+            size += line
     parts.append(_part(items, len(parts), start, len(items)))
     return parts
 
@@ -253,7 +249,9 @@ class Manifest(BaseModel):
     created_at: float = Field(default_factory=time.time)
     requests: int
     max_requests: int
-    max_body_bytes: int
+    # Of the input file each batch was sent as; None in a manifest of a client before it (split by
+    # the inline create's body limit), whose parts are kept as recorded.
+    max_file_bytes: int | None = None
     metadata: dict[str, str] | None = None
     parts: list[Part]
 
@@ -331,6 +329,9 @@ def output_line(result: Mapping[str, Any]) -> dict[str, Any]:
     status = result.get("status")
     response = result.get("response")
     error = result.get("error")
+    if status == "failed" and response and not error:
+        # An error file's line already (a results page never gives a failed request a response)
+        return {"id": result["id"], "custom_id": result["custom_id"], "response": response, "error": None}
     if status == "completed" and response:
         return {
             "id": result["id"],
@@ -349,8 +350,8 @@ def output_line(result: Mapping[str, Any]) -> dict[str, Any]:
     if error and error.get("status") is not None:
         # The model's API refused it: OpenAI writes that as the HTTP answer, its body the error.
         body = {"error": {"message": message, "type": code, "param": None, "code": code}}
-        return {"id": result["id"], "custom_id": result["custom_id"], "error": None,
-                "response": {"status_code": error["status"], "request_id": None, "body": body}}
+        return {"id": result["id"], "custom_id": result["custom_id"],
+                "response": {"status_code": error["status"], "request_id": None, "body": body}, "error": None}
     return {"id": result["id"], "custom_id": result["custom_id"], "response": None,
             "error": {"code": code, "message": message}}
 

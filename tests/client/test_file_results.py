@@ -30,6 +30,13 @@ def bad(number: int) -> dict:
             "error": {"code": "batch_expired", "message": "Not run: the completion window closed first"}}
 
 
+def refused(number: int) -> dict:
+    """An error file's line for a request the model's API refused: OpenAI's form, a response."""
+    body = {"error": {"message": "bad", "type": "invalid_request", "param": None, "code": "invalid_request"}}
+    return {"id": f"batch_req_{number}", "custom_id": f"q-{number}",
+            "response": {"status_code": 400, "request_id": None, "body": body}, "error": None}
+
+
 def content(lines: list[dict]) -> requests.Response:
     answer = response(200, raw=b"".join(json.dumps(line).encode() + b"\n" for line in lines),
                       headers={"Content-Type": "application/jsonl"})
@@ -69,12 +76,12 @@ def file_batch() -> dict:
 
 
 def test_results_of_a_file_batch_write_its_output_and_error_files(cli, tmp_path):
-    api = FakeApi(file_batch(), {OUTPUT: [ok(10), ok(12)], ERRORS: [bad(11), bad(13)]})
+    api = FakeApi(file_batch(), {OUTPUT: [ok(10), ok(12)], ERRORS: [bad(11), bad(13), refused(14)]})
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
     ran = cli(api, "results", BATCH_ID, "-o", str(out), "--errors", str(errors))
     assert ran.exit_code == 0, ran.output
     assert [json.loads(line) for line in out.read_text().splitlines()] == [ok(10), ok(12)]
-    assert [json.loads(line) for line in errors.read_text().splitlines()] == [bad(11), bad(13)]
+    assert [json.loads(line) for line in errors.read_text().splitlines()] == [bad(11), bad(13), refused(14)]
     assert not any(call.endswith("/results") for call in api.calls)
 
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from freeinference_batch.core.settings import Settings
 from freeinference_batch_client import openai_files
-from freeinference_batch_client.client import encode_create_body
 from freeinference_batch_client.openai_files import InputFileError, InputRequest, Manifest, Part
 
 
@@ -134,13 +134,11 @@ def test_job_metadata_adds_the_job_and_part_to_the_users():
 # ---- splitting -------------------------------------------------------------------------
 
 
-def test_body_size_is_exactly_what_the_client_sends():
+def test_a_parts_file_is_its_lines_as_read_each_newline_terminated():
     raws = [request("a"), request("b", content="é" * 10)]
-    encoded = [openai_files.encode_json(raw) for raw in raws]
-    metadata = {"k": "v", "ü": "x"}
-    assert openai_files.body_size(encoded, metadata) == len(encode_create_body(raws, metadata))
-    assert openai_files.body_size(encoded, None) == len(encode_create_body(raws))
-    assert openai_files.body_size([], None) == len(encode_create_body([]))
+    content = openai_files.file_content(items_of(*raws))
+    assert [json.loads(line) for line in content.decode().splitlines()] == raws
+    assert content.endswith(b"\n") and content.count(b"\n") == 2
 
 
 def test_splits_by_request_count():
@@ -156,34 +154,38 @@ def test_one_batch_when_everything_fits():
     assert len(parts) == 1 and parts[0].count == 5
 
 
-def test_splits_by_body_bytes_and_every_part_fits_the_limit():
+def test_splits_by_file_bytes_and_every_part_fits_the_limit():
     raws = [request(f"r{i}", content="x" * (50 + 37 * (i % 5))) for i in range(40)]
     items = items_of(*raws)
-    metadata = {"project": "p", openai_files.JOB_KEY: "job_" + "0" * 32, openai_files.PART_KEY: "99999/99999"}
     limit = 1500
-    parts = openai_files.plan_parts(items, max_requests=1000, max_body_bytes=limit, metadata=metadata)
+    parts = openai_files.plan_parts(items, max_requests=1000, max_file_bytes=limit)
     assert len(parts) > 1
     assert sum(p.count for p in parts) == 40
     assert [p.start for p in parts] == [sum(q.count for q in parts[:i]) for i in range(len(parts))]
     for number, part in enumerate(parts):
-        chunk = raws[part.start : part.start + part.count]
-        assert len(encode_create_body(chunk, metadata)) <= limit
+        assert len(openai_files.file_content(items[part.start : part.start + part.count])) <= limit
         if number + 1 < len(parts):  # greedy: the next request would not have fitted
-            bigger = raws[part.start : part.start + part.count + 1]
-            assert len(encode_create_body(bigger, metadata)) > limit
+            assert len(openai_files.file_content(items[part.start : part.start + part.count + 1])) > limit
 
 
-def test_a_body_exactly_at_the_limit_fits():
-    raws = [request("a"), request("b")]
-    limit = len(encode_create_body(raws))
-    assert len(openai_files.plan_parts(items_of(*raws), max_body_bytes=limit)) == 1
-    assert len(openai_files.plan_parts(items_of(*raws), max_body_bytes=limit - 1)) == 2
+def test_a_file_exactly_at_the_limit_fits():
+    items = items_of(request("a"), request("b"))
+    limit = len(openai_files.file_content(items))
+    assert len(openai_files.plan_parts(items, max_file_bytes=limit)) == 1
+    assert len(openai_files.plan_parts(items, max_file_bytes=limit - 1)) == 2
+
+
+def test_a_job_past_the_inline_bodys_32_mib_is_one_batch_when_its_file_fits():
+    padding = "x" * 1_000_000
+    items = items_of(*(request(f"r{i}", content=padding) for i in range(40)))
+    assert len(openai_files.file_content(items)) > Settings().batch_max_body_bytes
+    assert len(openai_files.plan_parts(items)) == 1
 
 
 def test_a_request_too_big_for_any_batch_is_named_by_its_line():
     items = items_of(request("a"), request("b", content="x" * 5000))
-    with pytest.raises(InputFileError, match=r"^line 2: this request alone"):
-        openai_files.plan_parts(items, max_body_bytes=2000)
+    with pytest.raises(InputFileError, match=r"^line 2: this request alone makes an input file"):
+        openai_files.plan_parts(items, max_file_bytes=2000)
 
 
 def test_line_ranges_follow_the_file_lines_when_blank_lines_are_skipped():
@@ -199,7 +201,7 @@ def test_line_ranges_follow_the_file_lines_when_blank_lines_are_skipped():
 def manifest(tmp_path: Path) -> Manifest:
     return Manifest(
         input=str(tmp_path / "in.jsonl"), input_sha256="0" * 64, base_url="http://x/v1", requests=3,
-        max_requests=2, max_body_bytes=1000, metadata={"k": "v"},
+        max_requests=2, max_file_bytes=1000, metadata={"k": "v"},
         parts=[Part(part=0, start=0, count=2, first_line=1, last_line=2),
                Part(part=1, start=2, count=1, first_line=3, last_line=3)],
     )
@@ -272,6 +274,7 @@ def test_output_line_of_a_request_the_model_refused_is_its_http_answer_as_openai
     assert line == {"id": "batch_req_7", "custom_id": "q-1", "error": None, "response": {
         "status_code": 400, "request_id": None,
         "body": {"error": {"message": "bad", "type": "invalid_request", "param": None, "code": "invalid_request"}}}}
+    assert list(line) == ["id", "custom_id", "response", "error"]
 
 
 @pytest.mark.parametrize(
@@ -347,3 +350,14 @@ def test_submit_refuses_metadata_that_leaves_no_room_for_the_jobs_keys(tmp_path)
     pairs = [arg for i in range(15) for arg in ("--metadata", f"k{i}=v")]
     result = CliRunner().invoke(main, ["submit", str(path), "--dry-run", *pairs])
     assert result.exit_code == 2 and "at most 16" in result.stderr and "--metadata" in result.stderr
+
+
+def test_a_manifest_of_an_earlier_client_split_by_body_bytes_still_resumes(tmp_path):
+    path = tmp_path / "old.manifest.json"
+    path.write_text(json.dumps({"version": 1, "job_id": "job_1", "input": "in.jsonl", "input_sha256": "0" * 64,
+                                "base_url": "http://x/v1", "created_at": 1.0, "requests": 1, "max_requests": 1,
+                                "max_body_bytes": 33554432, "metadata": None,
+                                "parts": [{"part": 0, "start": 0, "count": 1, "first_line": 1, "last_line": 1}]}))
+    loaded = Manifest.load(path)
+    assert loaded.max_file_bytes is None and [(p.start, p.count) for p in loaded.parts] == [(0, 1)]
+

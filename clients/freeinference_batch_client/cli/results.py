@@ -121,10 +121,16 @@ def _result_dicts(client: BatchClient, batch: Batch) -> Iterator[dict]:
         for line in client.iter_results(batch.id):
             yield line.model_dump(mode="json")
         return
-    sources = [client.iter_file_lines(file_id) for file_id in (batch.output_file_id, batch.error_file_id) if file_id]
-    for line in heapq.merge(*sources, key=_position):
-        # A file's line, with the status that routes it (openai_files.output_line gives it back as it is)
-        yield {**line, "status": "completed" if line.get("response") else "failed"}
+    sources = [_file_lines(client, file_id, status)
+               for status, file_id in (("completed", batch.output_file_id), ("failed", batch.error_file_id)) if file_id]
+    yield from heapq.merge(*sources, key=_position)
+
+
+def _file_lines(client: BatchClient, file_id: str, status: str) -> Iterator[dict]:
+    """A file's lines, each with the status its file gives it (openai_files.output_line gives it
+    back as it is)."""
+    for line in client.iter_file_lines(file_id):
+        yield {**line, "status": status}
 
 
 def _position(line: dict) -> int:

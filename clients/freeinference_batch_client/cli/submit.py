@@ -22,7 +22,7 @@ from freeinference_batch_client.cli.common import (
     plural,
 )
 from freeinference_batch_client.cli.results import print_summary, wait_with_progress, write_results
-from freeinference_batch_client.client import BASE_URL_ENV, BatchClient, encode_json
+from freeinference_batch_client.client import BASE_URL_ENV, BatchClient
 from freeinference_batch_client.errors import BatchApiError
 from freeinference_batch_client.openai_files import InputFileError, Manifest
 
@@ -65,8 +65,8 @@ def _report_input_errors(path: Path, error: InputFileError) -> None:
               help="With -o: write the requests that did not succeed here instead.")
 @click.option("--max-requests", type=click.IntRange(min=1), default=openai_files.DEFAULT_MAX_REQUESTS,
               show_default=True, help="Requests per batch (the service's limit).")
-@click.option("--max-body-bytes", type=click.IntRange(min=1), default=openai_files.DEFAULT_MAX_BODY_BYTES,
-              show_default=True, help="Bytes of one create body (the service's limit).")
+@click.option("--max-file-bytes", type=click.IntRange(min=1), default=openai_files.DEFAULT_MAX_FILE_BYTES,
+              show_default=True, help="Bytes of one batch's input file (the service's limit).")
 @click.option("--catalog", "catalog_path", type=click.Path(exists=True, dir_okay=False),
               help="Check model ids against this models.json instead of the packaged catalog.")
 @click.option("--dry-run", is_flag=True, help="Check the file and show how it would be split; submit nothing.")
@@ -81,7 +81,7 @@ def submit(
     output: Path | None,
     errors_path: Path | None,
     max_requests: int,
-    max_body_bytes: int,
+    max_file_bytes: int,
     catalog_path: str | None,
     dry_run: bool,
     poll_interval: float,
@@ -103,7 +103,7 @@ def submit(
         raise click.BadParameter(f"{error} (the job's own two keys included)", param_hint="--metadata") from None
     try:
         items = openai_files.load_requests(file, load_catalog(catalog_path or ""))
-        parts = openai_files.plan_parts(items, max_requests, max_body_bytes, widest)
+        parts = openai_files.plan_parts(items, max_requests, max_file_bytes)
     except InputFileError as error:
         _report_input_errors(file, error)
     if dry_run:
@@ -128,7 +128,7 @@ def submit(
     if manifest is None:
         manifest = Manifest(
             input=str(file), input_sha256=digest, base_url=client.base_url, requests=len(items),
-            max_requests=max_requests, max_body_bytes=max_body_bytes, metadata=metadata, parts=parts,
+            max_requests=max_requests, max_file_bytes=max_file_bytes, metadata=metadata, parts=parts,
         )
         manifest.save(manifest_path)
 
@@ -222,8 +222,7 @@ def _create_missing(client: BatchClient, manifest: Manifest, path: Path, items: 
                 # waiting for a slot), then a batch created from it; the server checks its lines
                 # again in the background (already checked here by the same rules).
                 if input_file_id is None:
-                    content = b"".join(encode_json(item.raw) + b"\n"
-                                       for item in items[part.start : part.start + part.count])
+                    content = openai_files.file_content(items[part.start : part.start + part.count])
                     input_file_id = client.upload_file(content, f"{Path(manifest.input).stem}-{part.part + 1}.jsonl")
                 batch = client.create_from_file(input_file_id, metadata=metadata, idempotency_key=idempotency_key)
                 break
