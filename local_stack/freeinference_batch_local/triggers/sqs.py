@@ -216,6 +216,7 @@ class QueuePoller(InvocationsInFlight):
                 "deleted",
                 "reported_failures",
                 "released_over_payload",
+                "release_failed",
                 "throttles",
             ),
             0,
@@ -318,19 +319,27 @@ class QueuePoller(InvocationsInFlight):
         return messages
 
     def _release(self, records: list[dict[str, Any]]) -> None:
-        """Make received messages visible again at once: they did not fit in this event."""
+        """Make received messages visible again at once: they did not fit in this event. A batch
+        call answers 200 with the entries it could not change in `Failed`: those come back at their
+        visibility timeout instead, as on AWS."""
+        failed = 0
         for start in range(0, len(records), RECEIVE_MAX_MESSAGES):
             chunk = records[start : start + RECEIVE_MAX_MESSAGES]
-            self.sqs.change_message_visibility_batch(
+            answer = self.sqs.change_message_visibility_batch(
                 QueueUrl=self.queue_url,
                 Entries=[
                     {"Id": str(index), "ReceiptHandle": record["receiptHandle"], "VisibilityTimeout": 0}
                     for index, record in enumerate(chunk)
                 ],
             )
+            failed += len(answer.get("Failed") or [])
         with self._lock:
-            self._counts["released_over_payload"] += len(records)
+            self._counts["released_over_payload"] += len(records) - failed
+            self._counts["release_failed"] += failed
         log.info("%s: %d message(s) over the 6 MB invoke payload wait for the next batch", self.name, len(records))
+        if failed:
+            log.warning("%s: %d of them could not be made visible; they come back at their visibility timeout",
+                        self.name, failed)
 
     def _receive(self, max_messages: int) -> list[dict[str, Any]]:
         answer = self.sqs.receive_message(

@@ -373,3 +373,19 @@ def test_sqs_record_without_attributes():
     record = sqs_record({"MessageId": "m", "ReceiptHandle": "r", "Body": "b", "MD5OfBody": "x"}, "arn:q")
     assert record["attributes"] == {} and record["messageAttributes"] == {}
     assert record["eventSourceARN"] == "arn:q"
+
+
+class RefusingVisibility:
+    """An SQS client whose ChangeMessageVisibilityBatch answers 200 with every entry in `Failed`
+    (a receipt handle gone stale, as after a re-receive)."""
+
+    def change_message_visibility_batch(self, QueueUrl: str, Entries: list[dict]) -> dict:
+        return {"Successful": [], "Failed": [{"Id": entry["Id"], "SenderFault": True,
+                                              "Code": "ReceiptHandleIsInvalid"} for entry in Entries]}
+
+
+def test_messages_whose_release_failed_are_counted_apart_from_the_released():
+    poller = QueuePoller(name="p", sqs=RefusingVisibility(), queue_url="u", queue_arn="a", handler=print)
+    poller._release([{"receiptHandle": f"r{n}"} for n in range(12)])
+    assert (poller.stats()["released_over_payload"], poller.stats()["release_failed"]) == (0, 12)
+
