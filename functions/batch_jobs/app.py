@@ -17,16 +17,25 @@ STEP_MARGIN_SECONDS = 60.0
 @logger.inject_lambda_context(log_event=False)
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
-    # BatchSize 1 (template.yaml): one step, with the whole invocation. A step that fails leaves
-    # its message to come back after the queue's visibility timeout (reported, not raised).
+    # BatchSize 1 (template.yaml): one step, with the whole invocation. A step that fails is
+    # reported, not raised, its message hidden for a backoff (job_steps.retry_later); if even that
+    # call fails, the message comes back after the queue's visibility timeout.
     failures = []
+    settings = get_settings()
     for record in event.get("Records", []):
         try:
             job = BatchJob.model_validate_json(record["body"])
             deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000 - STEP_MARGIN_SECONDS
-            done = job_steps.run_step(get_settings(), job, deadline)
+            done = job_steps.run_step(settings, job, deadline)
             logger.info("batch job step", extra={"kind": job.kind, "batch_id": job.batch_id, "done": done})
         except Exception:
-            logger.exception("batch job step failed", extra={"message_id": record["messageId"]})
             failures.append({"itemIdentifier": record["messageId"]})
+            receives = int(record.get("attributes", {}).get("ApproximateReceiveCount", 1))
+            logger.exception("batch job step failed", extra={"message_id": record["messageId"], "receives": receives})
+            try:
+                delay = job_steps.retry_later(settings, record["receiptHandle"], receives)
+                logger.info("batch job step retried later", extra={"message_id": record["messageId"], "delay": delay})
+            except Exception:
+                logger.exception("batch job step's retry could not be scheduled: it comes back after the "
+                                 "queue's visibility timeout", extra={"message_id": record["messageId"]})
     return {"batchItemFailures": failures}

@@ -17,6 +17,7 @@ from typing import Any
 
 import boto3
 from freeinference_batch import accounts
+from freeinference_batch.batches import job_steps
 from freeinference_batch.core import aws
 from freeinference_batch.ops import schedules
 from freeinference_batch.worker import upstream
@@ -190,19 +191,34 @@ def create_from_file(harness, lines: list[dict], *, upload: bool = False) -> dic
     return batch
 
 
-def run_jobs(harness, recorder: Recorder, first_seconds: float = 900) -> None:
+def run_jobs(harness, recorder: Recorder, first_seconds: float = 900, fail_first: bool = False) -> None:
     """The batch jobs queue's messages through the jobs function, one an invocation, until none is
     left; the first invocation `first_seconds` long (60: a step out of time at once, which queues
-    the next)."""
+    the next). `fail_first`: the first step fails, and its message is hidden for its backoff
+    (BATCH_JOBS_RETRY_BASE_SECONDS, 0 in the scenario), then runs again."""
     sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     seconds = first_seconds
     while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1).get("Messages", []):
         record = sqs_record(messages[0], arn)
+        if fail_first:
+            fail_first = False
+            steps = dict(job_steps.STEPS)
+            job_steps.STEPS.update({kind: _failing_step for kind in steps})
+            try:
+                answer = recorder.job_handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, seconds))
+            finally:
+                job_steps.STEPS.update(steps)
+            assert failed_message_ids(answer, [record["messageId"]]) == {record["messageId"]}, answer
+            continue
         answer = recorder.job_handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, seconds))
         seconds = 900
         assert not failed_message_ids(answer, [record["messageId"]]), answer
         sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
+
+
+def _failing_step(settings: Any, batch_id: str, deadline: float) -> bool:
+    raise OSError(f"a step of batch {batch_id}'s job failed")
 
 
 def lose_jobs(harness) -> None:
@@ -357,7 +373,8 @@ def run_scenario(harness, recorder: Recorder, monkeypatch) -> None:
     lose_jobs(harness)
     harness.advance_clock(schedules.CHECK_QUIET_SECONDS + 1)
     assert recorder.schedules["sweep_handler"]({}, context)["checks_resent"] == 1
-    run_jobs(harness, recorder)
+    harness.configure(BATCH_JOBS_RETRY_BASE_SECONDS=0)  # its first step fails, and is retried at once
+    run_jobs(harness, recorder, fail_first=True)
     harness.run_until(lambda: harness.batch(quiet["id"])["status"] == "finalizing", timeout=90)
     run_jobs(harness, recorder)
     assert harness.batch(quiet["id"])["status"] == "completed"

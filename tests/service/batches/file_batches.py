@@ -30,7 +30,7 @@ def create_file_batch(harness, requests: list[dict]) -> str:
 def pump_jobs(harness, seconds: float = 900) -> tuple[int, int]:
     """One jobs-function invocation per message the batch jobs queue holds, until it is empty (as
     Lambda's poller, BatchSize 1): (steps run, steps failed). A failed step's message is made
-    visible again at once (SQS would after its visibility timeout)."""
+    visible again at once (the function hides it for its backoff, job_steps.retry_later)."""
     handler = load_handler("batch_jobs")
     sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]

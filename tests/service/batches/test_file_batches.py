@@ -9,11 +9,13 @@ import time
 
 import pytest
 from freeinference_batch import accounts
-from freeinference_batch.batches import file_batches
+from freeinference_batch.batches import file_batches, job_steps
 from freeinference_batch.core import aws
 from freeinference_batch.store import accounts_table, files
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import from_item
+from freeinference_batch_local.handlers import LambdaContext, load_handler
+from freeinference_batch_local.triggers.sqs import failed_message_ids, sqs_record
 
 from tests.conftest import sample_request
 from tests.service.batches.file_batch_helpers import (
@@ -312,3 +314,37 @@ def test_a_check_whose_job_was_lost_is_sent_again_by_the_sweep_once_per_quiet_pe
     assert run_schedule("sweep")["checks_resent"] == 0  # once per quiet period
     assert [json.loads(m["Body"])["batch_id"] for m in job_messages(harness)] == [batch["id"]]
     assert harness.batch(batch["id"])["status"] == "validating"
+
+
+def test_a_step_that_fails_runs_again_after_a_backoff_not_the_queues_visibility_timeout(harness, monkeypatch):
+    # Given a file batch whose check fails on its first run (an AWS error outlasting botocore's retries)
+    harness.configure(BATCH_JOBS_RETRY_BASE_SECONDS=1)
+    _, batch = create_from(harness, input_file(harness, _good_lines()).id)
+    validate = job_steps.STEPS["validate"]
+    monkeypatch.setitem(job_steps.STEPS, "validate", lambda *_: (_ for _ in ()).throw(OSError("throttled")))
+    handler = load_handler("batch_jobs")
+    sqs, url = aws.sqs(), harness.settings.batch_jobs_queue_url
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+
+    def receive() -> list[dict]:
+        return sqs.receive_message(QueueUrl=url, AttributeNames=["All"]).get("Messages", [])
+
+    def run(message: dict) -> set[str]:
+        record = sqs_record(message, arn)
+        return failed_message_ids(handler({"Records": [record]}, LambdaContext("batch_jobs", 1769, 900)),
+                                  [record["messageId"]])
+
+    first = receive()
+    assert len(first) == 1 and run(first[0])
+    # Then it is hidden for the base delay, not the queue's 5,400 s, and comes back a second time
+    assert receive() == []
+    deadline = time.monotonic() + 10
+    while not (again := receive()):
+        assert time.monotonic() < deadline, "the failed step never came back"
+        time.sleep(0.1)
+    assert again[0]["Attributes"]["ApproximateReceiveCount"] == "2"
+    # And run then, the check stores the batch and starts its requests
+    monkeypatch.setitem(job_steps.STEPS, "validate", validate)
+    assert not run(again[0])
+    assert harness.batch(batch["id"])["request_counts"]["total"] == 3 and len(take_messages(harness)) == 3
+

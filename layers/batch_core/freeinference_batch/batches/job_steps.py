@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from freeinference_batch.batches import file_batches, jobs, output_files
 from freeinference_batch.core.schemas import BatchJob
-from freeinference_batch.core.settings import Settings
+from freeinference_batch.core.settings import SQS_MAX_VISIBILITY_SECONDS, Settings
+from freeinference_batch.store import queues
 
 # A job's step: (settings, batch id, the monotonic deadline it must end by) -> whether the job is done.
 Step = Callable[[Settings, str, float], bool]
@@ -21,3 +22,13 @@ def run_step(settings: Settings, job: BatchJob, deadline: float) -> bool:
     if not done:
         jobs.send(settings, job)
     return done
+
+
+def retry_later(settings: Settings, receipt_handle: str, receive_count: int) -> int:
+    """After a step that failed on its `receive_count`-th receive: its message hidden for the
+    base delay doubled at each failure, so it runs again in a minute or so, not after the queue's
+    visibility timeout. Answers the delay."""
+    delay = min(settings.batch_jobs_retry_base_seconds * 2 ** max(0, receive_count - 1), SQS_MAX_VISIBILITY_SECONDS)
+    queues.change_visibility(settings.batch_jobs_queue_url, receipt_handle, delay)
+    return delay
+
