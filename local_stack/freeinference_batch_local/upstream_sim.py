@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import ipaddress
 import json
 import re
 import select
@@ -239,6 +240,14 @@ class _Handler(BaseHTTPRequestHandler):
             return True
 
 
+def _every_interface(host: str) -> bool:
+    """Whether `host` is the unspecified address (0.0.0.0, ::), which binds every interface."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a name
+        return False
+
+
 class UpstreamSimulator:
     """An OpenAI-compatible chat completions server on a background thread.
 
@@ -277,8 +286,8 @@ class UpstreamSimulator:
             target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="upstream-sim", daemon=True
         )
         self._thread.start()
-        # (bandit's B104 takes this for a bind: it is the URL of a server bound to every interface.)
-        url_host = "127.0.0.1" if host in ("", "0.0.0.0") else host  # nosec B104
+        # A server bound to every interface is called on loopback.
+        url_host = "127.0.0.1" if not host or _every_interface(host) else host
         self.base_url = f"http://{url_host}:{server.server_address[1]}/v1"
         return self.base_url
 
