@@ -6,7 +6,7 @@ the job manifest, and OpenAI output-file lines. No network here (the CLI does th
 - `check_requests(items)`: the server's own rules (`validation.validate_requests`), run over
   the whole file, with errors naming the line (`line 3 (custom_id 'q-2'): Model ... not found`).
 - `plan_parts(items, ...)`: consecutive runs of requests, each within the limits of one batch
-  (requests per batch, bytes of the create body as the client encodes it).
+  (requests per batch, bytes of the input file it is sent as: `file_content`).
 - `Manifest`: the job on disk, one part per batch with its line range and, once created, its id.
 - `output_line(result)`: one line of OpenAI's output-file format for one result line.
 """
@@ -324,8 +324,8 @@ _NO_ERROR = {
 def output_line(result: Mapping[str, Any]) -> dict[str, Any]:
     """One line of OpenAI's batch output-file format for one of our result lines:
     `{"id", "custom_id", "response": {"status_code", "request_id", "body"} | null,
-    "error": {"code", "message"} | null}`; a request the model's API refused (an error with an
-    HTTP `status`) is a response of that status, as OpenAI's error files have it."""
+    "error": {"code", "message"} | null}`; a failed request whose error has an HTTP `status` is a
+    response of that status, as OpenAI's error files have it."""
     status = result.get("status")
     response = result.get("response")
     error = result.get("error")
@@ -347,8 +347,8 @@ def output_line(result: Mapping[str, Any]) -> dict[str, Any]:
         code, message = error.get("code"), error.get("message")
     else:
         code, message = _NO_ERROR.get(str(status), ("unknown", f"No response (status {status!r})"))
-    if error and error.get("status") is not None:
-        # The model's API refused it: OpenAI writes that as the HTTP answer, its body the error.
+    if status == "failed" and error and error.get("status") is not None:
+        # Answered with an HTTP error: OpenAI writes that as the answer, its body the error.
         body = {"error": {"message": message, "type": code, "param": None, "code": code}}
         return {"id": result["id"], "custom_id": result["custom_id"],
                 "response": {"status_code": error["status"], "request_id": None, "body": body}, "error": None}

@@ -352,7 +352,7 @@ def test_submit_refuses_metadata_that_leaves_no_room_for_the_jobs_keys(tmp_path)
     assert result.exit_code == 2 and "at most 16" in result.stderr and "--metadata" in result.stderr
 
 
-def test_a_manifest_of_an_earlier_client_split_by_body_bytes_still_resumes(tmp_path):
+def test_a_manifest_of_an_earlier_client_split_by_body_bytes_still_loads(tmp_path):
     path = tmp_path / "old.manifest.json"
     path.write_text(json.dumps({"version": 1, "job_id": "job_1", "input": "in.jsonl", "input_sha256": "0" * 64,
                                 "base_url": "http://x/v1", "created_at": 1.0, "requests": 1, "max_requests": 1,
@@ -361,3 +361,10 @@ def test_a_manifest_of_an_earlier_client_split_by_body_bytes_still_resumes(tmp_p
     loaded = Manifest.load(path)
     assert loaded.max_file_bytes is None and [(p.start, p.count) for p in loaded.parts] == [(0, 1)]
 
+
+def test_output_line_of_an_expired_request_keeps_its_last_attempts_error_as_an_error():
+    # It ran once (a 429) and then its window closed: not an answer, so no response
+    line = openai_files.output_line(result(
+        "expired", error={"code": "rate_limited", "message": "slow down", "status": 429}))
+    assert line == {"id": "batch_req_7", "custom_id": "q-1", "response": None,
+                    "error": {"code": "rate_limited", "message": "slow down"}}

@@ -44,14 +44,14 @@ def wait_final(sdk: openai.OpenAI, batch_id: str, timeout: float = 120.0):
 
 def as_file_line(result: dict) -> dict:
     """What OpenAI's output or error file says of a results-page line: a completed request's
-    response; a request the model's API refused, a response of its HTTP status with the error as
-    its body, as OpenAI writes it; any other failure, its error (code and message)."""
+    response; a failed request with an HTTP error, a response of that status with the error as
+    its body, as OpenAI writes it; any other, its error (code and message)."""
     if result["status"] == "completed":
         response = result["response"]
         return {"id": result["id"], "custom_id": result["custom_id"], "error": None,
                 "response": {key: response[key] for key in ("status_code", "request_id", "body")}}
     error = result["error"]
-    if error.get("status") is None:
+    if result["status"] != "failed" or error.get("status") is None:
         return {"id": result["id"], "custom_id": result["custom_id"], "response": None,
                 "error": {key: error[key] for key in ("code", "message")}}
     body = {"error": {"message": error["message"], "type": error["code"], "param": None, "code": error["code"]}}

@@ -95,7 +95,7 @@ def submit(
     if errors_path is not None and output is None:
         raise click.UsageError("--errors needs -o/--output")
     metadata = _parse_metadata(metadata_pairs)
-    # Sized for the largest metadata a part will carry (the job's two keys included).
+    # Checked at the largest metadata a part will carry (the job's two keys included).
     widest = openai_files.job_metadata(metadata, "job_" + "0" * 32, 99_998, 99_999)
     try:
         openai_files.check_metadata(widest)

@@ -296,8 +296,8 @@ const BatchPage = (() => {
     const [code, message] = result.error
       ? [result.error.code, result.error.message]
       : NO_ERROR[result.status] || ["unknown", `No response (status '${result.status}')`];
-    if (result.error && result.error.status != null) {
-      // The model's API refused it: OpenAI writes that as the HTTP answer, its body the error.
+    if (result.status === "failed" && result.error && result.error.status != null) {
+      // Answered with an HTTP error: OpenAI writes that as the answer, its body the error.
       const body = { error: { message, type: code, param: null, code } };
       const response = { status_code: result.error.status, request_id: null, body };
       return { id: result.id, custom_id: result.custom_id, response, error: null };

@@ -62,10 +62,10 @@ def file_lines(harness, file_id: str | None) -> list[dict]:
     return [json.loads(line) for line in files.iter_lines(harness.settings, record)]
 
 
-def openai_error(error: dict) -> dict:
-    """OpenAI's error-file fields for a results-page error: the model API's refusal (an HTTP
+def openai_error(status: str, error: dict) -> dict:
+    """OpenAI's error-file fields for a results-page line: a failed request's HTTP error (a
     `status`) as a response with that status and an error body, any other as `error`."""
-    if error.get("status") is None:
+    if status != "failed" or error.get("status") is None:
         return {"response": None, "error": {"code": error["code"], "message": error["message"]}}
     body = {"error": {"message": error["message"], "type": error["code"], "param": None, "code": error["code"]}}
     return {"response": {"status_code": error["status"], "request_id": None, "body": body}, "error": None}
@@ -79,6 +79,6 @@ def expected_files(results: list[dict]) -> tuple[list[dict], list[dict]]:
             response = {k: r["response"][k] for k in ("status_code", "request_id", "body")}
             output.append({"id": r["id"], "custom_id": r["custom_id"], "response": response, "error": None})
         else:
-            fields = openai_error(r["error"] or NOT_RUN[r["status"]])
+            fields = openai_error(r["status"], r["error"] or NOT_RUN[r["status"]])
             error.append({"id": r["id"], "custom_id": r["custom_id"], **fields})
     return output, error

@@ -11,6 +11,7 @@ import pytest
 from freeinference_batch import accounts
 from freeinference_batch.batches import file_batches, job_steps
 from freeinference_batch.core import aws
+from freeinference_batch.core.settings import SQS_MAX_VISIBILITY_SECONDS
 from freeinference_batch.store import accounts_table, files
 from freeinference_batch.store.batch_table import BatchTable
 from freeinference_batch.store.dynamo import from_item
@@ -318,7 +319,7 @@ def test_a_check_whose_job_was_lost_is_sent_again_by_the_sweep_once_per_quiet_pe
 
 def test_a_step_that_fails_runs_again_after_a_backoff_not_the_queues_visibility_timeout(harness, monkeypatch):
     # Given a file batch whose check fails on its first run (an AWS error outlasting botocore's retries)
-    harness.configure(BATCH_JOBS_RETRY_BASE_SECONDS=1)
+    harness.configure(BATCH_JOBS_RETRY_BASE_SECONDS=3)
     _, batch = create_from(harness, input_file(harness, _good_lines()).id)
     validate = job_steps.STEPS["validate"]
     monkeypatch.setitem(job_steps.STEPS, "validate", lambda *_: (_ for _ in ()).throw(OSError("throttled")))
@@ -348,3 +349,9 @@ def test_a_step_that_fails_runs_again_after_a_backoff_not_the_queues_visibility_
     assert not run(again[0])
     assert harness.batch(batch["id"])["request_counts"]["total"] == 3 and len(take_messages(harness)) == 3
 
+
+def test_a_failed_steps_backoff_doubles_with_each_receive_up_to_sqs_cap(harness, monkeypatch):
+    hidden: list[int] = []
+    monkeypatch.setattr(job_steps.queues, "change_visibility", lambda url, handle, seconds: hidden.append(seconds))
+    delays = [job_steps.retry_later(harness.settings, "handle", receives) for receives in (1, 2, 3, 4, 5, 20)]
+    assert delays == hidden == [60, 120, 240, 480, 960, SQS_MAX_VISIBILITY_SECONDS]

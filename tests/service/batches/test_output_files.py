@@ -5,6 +5,8 @@ batch never sees any of it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from freeinference_batch.batches import job_steps, output_files
 from freeinference_batch.core import aws
@@ -287,3 +289,23 @@ def test_deleting_a_file_batch_deletes_its_files(harness):
     assert listed.get("KeyCount", 0) == 0
     run_schedule("purge")
     assert BatchTable(harness.settings).get_meta(batch_id) is None
+
+
+@pytest.mark.parametrize(("status", "error", "expected"), [
+    # answered with an HTTP error: OpenAI's form, the answer with the error as its body
+    ("failed", {"code": "invalid_request", "message": "bad", "status": 400},
+     {"response": {"status_code": 400, "request_id": None, "body": {"error": {
+         "message": "bad", "type": "invalid_request", "param": None, "code": "invalid_request"}}}, "error": None}),
+    # failed with no HTTP answer (its runs all cut short), or not run: the error alone
+    ("failed", {"code": "upstream_error", "message": "cut"},
+     {"response": None, "error": {"code": "upstream_error", "message": "cut"}}),
+    ("expired", {"code": "rate_limited", "message": "slow", "status": 429},
+     {"response": None, "error": {"code": "rate_limited", "message": "slow"}}),
+    ("cancelled", None, {"response": None, "error": output_files.NOT_RUN["cancelled"]}),
+])
+def test_an_error_file_line_is_a_response_only_for_a_failed_requests_http_error(status, error, expected):
+    line = {"id": "batch_req_9", "custom_id": "q-9", "status": status, "response": None, "error": error}
+    kind, data = output_files.file_line(line)
+    assert kind == "error" and data.endswith(b"\n")
+    assert json.loads(data) == {"id": "batch_req_9", "custom_id": "q-9", **expected}
+    assert list(json.loads(data)) == ["id", "custom_id", "response", "error"]

@@ -31,4 +31,3 @@ def retry_later(settings: Settings, receipt_handle: str, receive_count: int) -> 
     delay = min(settings.batch_jobs_retry_base_seconds * 2 ** max(0, receive_count - 1), SQS_MAX_VISIBILITY_SECONDS)
     queues.change_visibility(settings.batch_jobs_queue_url, receipt_handle, delay)
     return delay
-

@@ -93,9 +93,9 @@ class Settings(BaseSettings):
                                         le=512 * 1024 * 1024)
     batch_files_stall_seconds: int = Field(1800, alias="BATCH_FILES_STALL_SECONDS", ge=60)
     # A job step that fails (an AWS error outlasting botocore's retries, say) runs again after
-    # this, doubled at each failure (60, 120, 240, 480 s before the queue's fifth receive sends it
-    # to the dead-letter queue), rather than after the jobs queue's 90-minute visibility timeout,
-    # which is for a step that dies without answering.
+    # this, doubled at each failure (60, 120, 240, 480 s; after the fifth, 960 s later, SQS moves
+    # it to the dead-letter queue at its next receive), rather than after the jobs queue's
+    # 90-minute visibility timeout, which is for a step that dies without answering.
     batch_jobs_retry_base_seconds: int = Field(60, alias="BATCH_JOBS_RETRY_BASE_SECONDS", ge=0)
     webhook_delivery_queue_url: str = Field("", alias="WEBHOOK_DELIVERY_QUEUE_URL")
     webhook_dead_letter_queue_url: str = Field("", alias="WEBHOOK_DEAD_LETTER_QUEUE_URL")
