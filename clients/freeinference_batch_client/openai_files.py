@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freeinference_batch.batches import validation
+from freeinference_batch.batches import validation, views
 from freeinference_batch.core.catalog import Catalog, load_catalog
 from freeinference_batch.core.errors import BadRequest
 from freeinference_batch.core.settings import Settings
@@ -347,13 +347,9 @@ def output_line(result: Mapping[str, Any]) -> dict[str, Any]:
         code, message = error.get("code"), error.get("message")
     else:
         code, message = _NO_ERROR.get(str(status), ("unknown", f"No response (status {status!r})"))
-    if status == "failed" and error and error.get("status") is not None:
-        # Answered with an HTTP error: OpenAI writes that as the answer, its body the error.
-        body = {"error": {"message": message, "type": code, "param": None, "code": code}}
-        return {"id": result["id"], "custom_id": result["custom_id"],
-                "response": {"status_code": error["status"], "request_id": None, "body": body}, "error": None}
-    return {"id": result["id"], "custom_id": result["custom_id"], "response": None,
-            "error": {"code": code, "message": message}}
+    fields = views.openai_error_fields(str(status), {"code": code, "message": message,
+                                                     "status": (error or {}).get("status")})
+    return {"id": result["id"], "custom_id": result["custom_id"], **fields}
 
 
 def is_success(result: Mapping[str, Any]) -> bool:

@@ -10,7 +10,7 @@ empty file), and gives the account's unfinished batch back.
 A line is what the results pages show of the request (views.result_line, with the batch's final
 status), reshaped as OpenAI's: `{"id", "custom_id", "response": {"status_code", "request_id",
 "body"} | null, "error": {"code", "message"} | null}`, where a failed request whose error has an
-HTTP `status` is a response of that status, as OpenAI writes it (error_fields).
+HTTP `status` is a response of that status, as OpenAI writes it (views.openai_error_fields).
 
 Resumable: each file is an S3 multipart upload, sent a part at a time (BATCH_FILES_PART_BYTES),
 and after each part its progress is kept (store/batch_files.py: the next part, and the position
@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import time
 
+from freeinference_batch.batches import views
 from freeinference_batch.batches.results import result_lines
 from freeinference_batch.core import clock
 from freeinference_batch.core.observability import log_status_change, logger
@@ -53,18 +54,6 @@ class OutputTooLarge(RuntimeError):
     """A file would need more than S3's 10,000 parts."""
 
 
-def error_fields(status: str, error: dict) -> dict:
-    """A request's `response` and `error` as OpenAI's error file has them: a failed request whose
-    error carries an HTTP status (the chat completions endpoint's answer to it: a refusal, or a
-    429, 5xx or 504 after every retry) is a response of that status whose body is the error
-    (`error` null; we keep no request id of a failed call); any other (never run, cancelled,
-    expired, or every run cut short) is `error` with no response."""
-    if status != RequestStatus.FAILED or error.get("status") is None:
-        return {"response": None, "error": {"code": error["code"], "message": error["message"]}}
-    body = {"error": {"message": error["message"], "type": error["code"], "param": None, "code": error["code"]}}
-    return {"response": {"status_code": error["status"], "request_id": None, "body": body}, "error": None}
-
-
 def file_line(line: dict) -> tuple[Kind, bytes]:
     """A results page's line as OpenAI's batch output line (its newline included), and its file."""
     if line["status"] == RequestStatus.COMPLETED:
@@ -77,7 +66,7 @@ def file_line(line: dict) -> tuple[Kind, bytes]:
     else:
         error = line["error"] or NOT_RUN.get(line["status"]) or {
             "code": "batch_not_run", "message": f"Not run: the request was {line['status']} when its batch ended"}
-        out = {"id": line["id"], "custom_id": line["custom_id"], **error_fields(line["status"], error)}
+        out = {"id": line["id"], "custom_id": line["custom_id"], **views.openai_error_fields(line["status"], error)}
         kind = "error"
     data = json.dumps(out, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() + b"\n"
     return kind, data

@@ -107,3 +107,16 @@ def result_line(meta: BatchRecord, result_id: str, custom_id: str, state: dict |
         error=error if status != RequestStatus.COMPLETED else None,
     )
     return line.model_dump(mode="json")
+
+
+def openai_error_fields(status: str, error: dict) -> dict:
+    """The `response` and `error` of OpenAI's output line for a request that did not succeed,
+    from its result line's status and error: a failed request whose error carries an HTTP status
+    (the chat completions endpoint's answer to it: a refusal, or a 429, 5xx or 504 after every
+    retry) is a response of that status whose body is the error (`error` null; we keep no request
+    id of a failed call); any other (never run, cancelled, expired, or every run cut short) is
+    `error` with no response. The file job and the CLI both write lines by it."""
+    if status != RequestStatus.FAILED or error.get("status") is None:
+        return {"response": None, "error": {"code": error["code"], "message": error["message"]}}
+    body = {"error": {"message": error["message"], "type": error["code"], "param": None, "code": error["code"]}}
+    return {"response": {"status_code": error["status"], "request_id": None, "body": body}, "error": None}
