@@ -18,8 +18,7 @@ STEP_MARGIN_SECONDS = 60.0
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
     # BatchSize 1 (template.yaml): one step, with the whole invocation. A step that fails is
-    # reported, not raised, its message hidden for a backoff (job_steps.retry_later); if even that
-    # call fails, the message comes back after the queue's visibility timeout.
+    # reported, not raised, and its message hidden for a backoff (job_steps.retry_later).
     failures = []
     settings = get_settings()
     for record in event.get("Records", []):
@@ -29,13 +28,8 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
             done = job_steps.run_step(settings, job, deadline)
             logger.info("batch job step", extra={"kind": job.kind, "batch_id": job.batch_id, "done": done})
         except Exception:
+            logger.exception("batch job step failed", extra={"message_id": record["messageId"]})
             failures.append({"itemIdentifier": record["messageId"]})
             receives = int(record.get("attributes", {}).get("ApproximateReceiveCount", 1))
-            logger.exception("batch job step failed", extra={"message_id": record["messageId"], "receives": receives})
-            try:
-                delay = job_steps.retry_later(settings, record["receiptHandle"], receives)
-                logger.info("batch job step retried later", extra={"message_id": record["messageId"], "delay": delay})
-            except Exception:
-                logger.exception("batch job step's retry could not be scheduled: it comes back after the "
-                                 "queue's visibility timeout", extra={"message_id": record["messageId"]})
+            job_steps.retry_later(settings, record["receiptHandle"], receives)
     return {"batchItemFailures": failures}

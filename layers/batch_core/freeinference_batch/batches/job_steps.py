@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from freeinference_batch.batches import file_batches, jobs, output_files
+from freeinference_batch.core.observability import logger
 from freeinference_batch.core.schemas import BatchJob
 from freeinference_batch.core.settings import SQS_MAX_VISIBILITY_SECONDS, Settings
 from freeinference_batch.store import queues
@@ -24,10 +25,17 @@ def run_step(settings: Settings, job: BatchJob, deadline: float) -> bool:
     return done
 
 
-def retry_later(settings: Settings, receipt_handle: str, receive_count: int) -> int:
+def retry_later(settings: Settings, receipt_handle: str, receive_count: int) -> int | None:
     """After a step that failed on its `receive_count`-th receive: its message hidden for the
     base delay doubled at each failure, so it runs again in a minute or so, not after the queue's
-    visibility timeout. Answers the delay."""
+    visibility timeout. Answers the delay; None when the message could not be hidden (it then
+    comes back after the queue's visibility timeout, as before)."""
     delay = min(settings.batch_jobs_retry_base_seconds * 2 ** max(0, receive_count - 1), SQS_MAX_VISIBILITY_SECONDS)
-    queues.change_visibility(settings.batch_jobs_queue_url, receipt_handle, delay)
+    try:
+        queues.change_visibility(settings.batch_jobs_queue_url, receipt_handle, delay)
+    except Exception:
+        logger.exception("a failed batch job step's retry could not be scheduled: it comes back after the "
+                         "queue's visibility timeout")
+        return None
+    logger.info("batch job step retried later", extra={"delay": delay, "receives": receive_count})
     return delay
